@@ -1,0 +1,268 @@
+//! Load generator (PRF-2): N simulated devices send QoS 1 telemetry over MQTT/TLS and the
+//! report gives throughput and PUBACK latency percentiles as JSON.
+//!
+//! Against ferrohub it registers the devices first (bulk REST, one shared key) and signs real
+//! SAS tokens; against a plain MQTT broker (`--target plain`, e.g. Mosquitto) it connects
+//! anonymously with the same topics and payloads. Every run is bounded by
+//! `--messages-per-device` and `--time-limit`.
+//!
+//! Example:
+//! `loadgen --ca DIR/tls/ca.pem --owner "HostName=localhost;SharedAccessKeyName=iothubowner;SharedAccessKey=..." --devices 100`
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use ferrohub_bench::{client, registry, stats};
+use ferrohub_server::auth::sas;
+use futures::{SinkExt, StreamExt};
+use mqtt::packet::{DisconnectPacket, VariablePacket};
+use serde::Serialize;
+use tokio::sync::Semaphore;
+
+#[derive(Clone, Copy, Debug, ValueEnum, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum Target {
+    Ferrohub,
+    Plain,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "MQTT/TLS telemetry load generator for ferrohub (and plain MQTT brokers)")]
+struct Args {
+    #[arg(long, value_enum, default_value = "ferrohub")]
+    target: Target,
+    #[arg(long, default_value = "localhost")]
+    host: String,
+    #[arg(long, default_value_t = 8883)]
+    mqtt_port: u16,
+    #[arg(long, default_value_t = 443)]
+    https_port: u16,
+    /// CA certificate (PEM) the broker's certificate chains to.
+    #[arg(long)]
+    ca: PathBuf,
+    /// Owner connection string (ferrohub target): used to register the devices.
+    #[arg(long)]
+    owner: Option<String>,
+    #[arg(long, default_value_t = 100)]
+    devices: usize,
+    #[arg(long, default_value_t = 100)]
+    messages_per_device: usize,
+    #[arg(long, default_value_t = 256)]
+    payload_bytes: usize,
+    /// Unacknowledged QoS 1 messages each device may have (paho, the SDK's client, allows 20).
+    #[arg(long, default_value_t = 10)]
+    inflight: usize,
+    /// Concurrent connection handshakes.
+    #[arg(long, default_value_t = 64)]
+    connect_concurrency: usize,
+    /// Hard stop for the whole run, in seconds.
+    #[arg(long, default_value_t = 300)]
+    time_limit: u64,
+    /// Device id prefix (ids are `{prefix}{n}`).
+    #[arg(long, default_value = "load-")]
+    prefix: String,
+}
+
+#[derive(Serialize)]
+struct Report {
+    target: Target,
+    devices: usize,
+    connected: usize,
+    messages_per_device: usize,
+    payload_bytes: usize,
+    inflight: usize,
+    acknowledged: usize,
+    errors: usize,
+    duration_s: f64,
+    throughput_msgs_per_s: f64,
+    connect_latency: stats::Percentiles,
+    puback_latency: stats::Percentiles,
+    first_error: Option<String>,
+}
+
+fn parse_cs(cs: &str) -> HashMap<String, String> {
+    cs.split(';')
+        .filter_map(|p| p.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+struct DeviceResult {
+    connect_us: Option<u64>,
+    latencies_us: Vec<u64>,
+    error: Option<String>,
+}
+
+async fn run_device(
+    args: Arc<Args>,
+    tls: tokio_rustls::TlsConnector,
+    id: String,
+    key: Option<String>,
+    connect_gate: Arc<Semaphore>,
+    start: Arc<tokio::sync::Barrier>,
+) -> DeviceResult {
+    let mut result = DeviceResult {
+        connect_us: None,
+        latencies_us: Vec::with_capacity(args.messages_per_device),
+        error: None,
+    };
+    let (user, pass) = match &key {
+        Some(k) => {
+            let expiry = chrono::Utc::now().timestamp() as u64 + 3600;
+            (
+                Some(format!("{}/{id}/?api-version=2021-04-12", args.host)),
+                sas::sign(&format!("{}/devices/{id}", args.host), k, expiry, None),
+            )
+        }
+        None => (None, None),
+    };
+    let permit = connect_gate.acquire().await;
+    let t0 = Instant::now();
+    let conn = client::connect(&tls, &args.host, args.mqtt_port, &id, user, pass, 60).await;
+    drop(permit);
+    let mut conn = match conn {
+        Ok(c) => c,
+        Err(e) => {
+            result.error = Some(format!("{id}: connect: {e:#}"));
+            start.wait().await;
+            return result;
+        }
+    };
+    result.connect_us = Some(t0.elapsed().as_micros() as u64);
+    start.wait().await;
+    let topic = format!("devices/{id}/messages/events/");
+    let payload = vec![b'x'; args.payload_bytes];
+    let mut sent_at: HashMap<u16, Instant> = HashMap::new();
+    let mut next_id: u16 = 1;
+    let mut sent = 0;
+    while result.latencies_us.len() < args.messages_per_device {
+        while sent < args.messages_per_device && sent_at.len() < args.inflight {
+            let pkid = next_id;
+            next_id = next_id.checked_add(1).unwrap_or(1);
+            let packet = match client::publish(&topic, Some(pkid), payload.clone()) {
+                Ok(p) => p,
+                Err(e) => {
+                    result.error = Some(e.to_string());
+                    return result;
+                }
+            };
+            sent_at.insert(pkid, Instant::now());
+            if let Err(e) = conn.feed(packet).await {
+                result.error = Some(format!("{id}: send: {e}"));
+                return result;
+            }
+            sent += 1;
+        }
+        if let Err(e) = SinkExt::<mqtt::packet::PublishPacket>::flush(&mut conn).await {
+            result.error = Some(format!("{id}: flush: {e}"));
+            return result;
+        }
+        match conn.next().await {
+            Some(Ok(VariablePacket::PubackPacket(ack))) => {
+                if let Some(t) = sent_at.remove(&ack.packet_identifier()) {
+                    result.latencies_us.push(t.elapsed().as_micros() as u64);
+                }
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                result.error = Some(format!("{id}: receive: {e}"));
+                return result;
+            }
+            None => {
+                result.error = Some(format!(
+                    "{id}: connection closed with {} messages unacknowledged",
+                    sent_at.len()
+                ));
+                return result;
+            }
+        }
+    }
+    let _ = conn.send(DisconnectPacket::new()).await;
+    result
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Arc::new(Args::parse());
+    let tls = client::tls_connector(&args.ca)?;
+    let ids: Vec<String> = (0..args.devices)
+        .map(|i| format!("{}{i}", args.prefix))
+        .collect();
+    let key = match args.target {
+        Target::Ferrohub => {
+            let owner = parse_cs(
+                args.owner
+                    .as_deref()
+                    .context("--owner is required for the ferrohub target")?,
+            );
+            let policy = owner
+                .get("SharedAccessKeyName")
+                .context("owner connection string lacks SharedAccessKeyName")?;
+            let policy_key = owner
+                .get("SharedAccessKey")
+                .context("owner connection string lacks SharedAccessKey")?;
+            let expiry = chrono::Utc::now().timestamp() as u64 + 3600;
+            let token =
+                sas::sign(&args.host, policy_key, expiry, Some(policy)).context("bad owner key")?;
+            // One key for every simulated device: its value is irrelevant to the measurement.
+            let device_key = "bG9hZGdlbi1kZXZpY2Uta2V5LTMyLWJ5dGVzLWxvbmchISE=".to_string();
+            registry::register(&tls, &args.host, args.https_port, &token, &ids, &device_key)
+                .await?;
+            Some(device_key)
+        }
+        Target::Plain => None,
+    };
+    let gate = Arc::new(Semaphore::new(args.connect_concurrency.max(1)));
+    let barrier = Arc::new(tokio::sync::Barrier::new(ids.len() + 1));
+    let handles: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            tokio::spawn(run_device(
+                Arc::clone(&args),
+                tls.clone(),
+                id.clone(),
+                key.clone(),
+                Arc::clone(&gate),
+                Arc::clone(&barrier),
+            ))
+        })
+        .collect();
+    // Everyone connected (or failed): the clock starts.
+    barrier.wait().await;
+    let start = Instant::now();
+    let collected = tokio::time::timeout(
+        Duration::from_secs(args.time_limit),
+        futures::future::join_all(handles),
+    )
+    .await;
+    let duration = start.elapsed();
+    let results: Vec<DeviceResult> = match collected {
+        Ok(r) => r.into_iter().filter_map(Result::ok).collect(),
+        Err(_) => anyhow::bail!("time limit of {} s reached", args.time_limit),
+    };
+    let acknowledged: usize = results.iter().map(|r| r.latencies_us.len()).sum();
+    let errors: Vec<String> = results.iter().filter_map(|r| r.error.clone()).collect();
+    let report = Report {
+        target: args.target,
+        devices: args.devices,
+        connected: results.iter().filter(|r| r.connect_us.is_some()).count(),
+        messages_per_device: args.messages_per_device,
+        payload_bytes: args.payload_bytes,
+        inflight: args.inflight,
+        acknowledged,
+        errors: errors.len(),
+        duration_s: duration.as_secs_f64(),
+        throughput_msgs_per_s: acknowledged as f64 / duration.as_secs_f64(),
+        connect_latency: stats::percentiles(results.iter().filter_map(|r| r.connect_us).collect()),
+        puback_latency: stats::percentiles(
+            results.into_iter().flat_map(|r| r.latencies_us).collect(),
+        ),
+        first_error: errors.first().cloned(),
+    };
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}

@@ -1,0 +1,543 @@
+//! Device-to-cloud partitions (D2C-1..D2C-4): the retained, ordered event streams behind the
+//! built-in endpoint, with consumer groups and checkpoints.
+//!
+//! # Invariants
+//! - An event's partition is `crc32(device id) % partition_count`, fixed at hub creation, so a
+//!   device's events stay in one partition, in order.
+//! - Sequence numbers in a partition start at 0 and increase by one per event, never reused, also
+//!   after retention removed every event (the partition head is stored with each append).
+//! - What a reader sees is always a prefix of the partition: sequence numbers are assigned and
+//!   batches submitted to the committer under the partition's lock, and the committer writes in
+//!   submission order. An append returns only after its event is durable.
+//! - Offsets are byte positions: an event's offset is the previous event's offset plus the
+//!   previous event's stored size. Enqueued times never decrease within a partition.
+//! - Retention removes whole prefixes with one range delete per partition.
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use ferrohub_migrations::{cf, record};
+
+use crate::error::{StorageError, ValidationError};
+use crate::keys;
+use crate::model::UnixMillis;
+use crate::raw::{Batch, Raw};
+use crate::Store;
+
+/// The consumer group every hub has and nobody can delete.
+pub const DEFAULT_CONSUMER_GROUP: &str = "$Default";
+/// Most consumer groups per hub (IoT Hub: 20 on standard tiers).
+pub const MAX_CONSUMER_GROUPS: usize = 20;
+
+/// D2C failures.
+#[derive(Debug, thiserror::Error)]
+pub enum D2cError {
+    #[error("partition {0} does not exist")]
+    NoSuchPartition(u16),
+    #[error("consumer group {0} does not exist")]
+    NoSuchGroup(String),
+    #[error("consumer group {0} already exists")]
+    GroupExists(String),
+    #[error("the hub already has the maximum of {0} consumer groups")]
+    TooManyGroups(usize),
+    #[error("the $Default consumer group cannot be deleted")]
+    DefaultGroup,
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// One stored event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct D2cEvent {
+    pub partition: u16,
+    pub sequence_number: u64,
+    pub offset: u64,
+    pub enqueued_time: UnixMillis,
+    /// IoT Hub system properties by their wire names (`message-id`, `iothub-connection-device-id`, ...).
+    pub system_properties: Vec<(String, String)>,
+    pub application_properties: Vec<(String, String)>,
+    #[serde(with = "serde_bytes")]
+    pub body: Vec<u8>,
+}
+
+/// An event to append; the engine assigns partition, sequence number, offset and time.
+#[derive(Debug, Clone, Default)]
+pub struct NewEvent {
+    /// Chooses the partition.
+    pub device_id: String,
+    pub system_properties: Vec<(String, String)>,
+    pub application_properties: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// Where an appended event went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub partition: u16,
+    pub sequence_number: u64,
+    pub offset: u64,
+    pub enqueued_time: UnixMillis,
+}
+
+/// Where a read starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadPosition {
+    /// The oldest retained event.
+    Start,
+    /// Only events appended after this read (the first call returns nothing).
+    End,
+    /// The event with this sequence number (or the first after it), inclusive.
+    Sequence(u64),
+    /// The event at this offset (or the first after it), inclusive.
+    Offset(u64),
+    /// The first event enqueued at or after this time.
+    EnqueuedTime(UnixMillis),
+}
+
+/// What `GET .../partitions/{p}` reports, with Event Hubs' names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionInfo {
+    pub partition: u16,
+    /// First retained sequence number (the next one to be assigned when empty).
+    pub begin_sequence_number: u64,
+    /// Last assigned sequence number; `None` before the first event.
+    pub last_enqueued_sequence_number: Option<u64>,
+    pub last_enqueued_offset: Option<u64>,
+    pub last_enqueued_time: Option<UnixMillis>,
+    pub is_empty: bool,
+}
+
+/// A stored reader position.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub sequence_number: u64,
+    pub offset: u64,
+    pub updated: UnixMillis,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct PartitionHead {
+    next_sequence: u64,
+    next_offset: u64,
+    last_enqueued: UnixMillis,
+    last_sequence: Option<u64>,
+    last_offset: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ConsumerGroupRecord {
+    name: String,
+    created: UnixMillis,
+}
+
+/// Partition locks held while a batch is staged and submitted.
+struct PartitionGuards<'a>(
+    #[allow(dead_code)] Vec<(u16, parking_lot::MutexGuard<'a, PartitionHead>)>,
+);
+
+/// In-memory partition heads, loaded at open.
+pub(crate) struct Partitions {
+    heads: Vec<Mutex<PartitionHead>>,
+}
+
+impl Partitions {
+    pub(crate) fn load(raw: &Raw, count: u16) -> Result<Partitions, StorageError> {
+        let mut heads = Vec::with_capacity(count as usize);
+        for p in 0..count {
+            let head: PartitionHead = raw
+                .get_record(cf::D2C_STATE, &keys::d2c::head(p))?
+                .unwrap_or_default();
+            heads.push(Mutex::new(head));
+        }
+        Ok(Partitions { heads })
+    }
+
+    pub(crate) fn count(&self) -> u16 {
+        self.heads.len() as u16
+    }
+}
+
+/// The partition of a device: stable across versions and restarts.
+pub fn partition_of(device_id: &str, partition_count: u16) -> u16 {
+    (crc32fast::hash(device_id.as_bytes()) % partition_count.max(1) as u32) as u16
+}
+
+fn validate_group_name(name: &str) -> Result<(), ValidationError> {
+    let ok = !name.is_empty()
+        && name.len() <= 50
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-._$".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(ValidationError::new(
+            "consumerGroup",
+            "must be 1 to 50 letters, digits, '-', '.', '_' or '$'",
+        ))
+    }
+}
+
+impl Store {
+    fn partitions(&self) -> &Partitions {
+        &self.partitions
+    }
+
+    fn check_partition(&self, p: u16) -> Result<(), D2cError> {
+        if p < self.partitions().count() {
+            Ok(())
+        } else {
+            Err(D2cError::NoSuchPartition(p))
+        }
+    }
+
+    /// How many D2C partitions the hub has.
+    pub fn partition_count(&self) -> u16 {
+        self.partitions().count()
+    }
+
+    /// Assigns partitions, sequence numbers and offsets to `events` and queues them as one
+    /// atomic batch. Events of one partition keep the order given.
+    fn stage_events(
+        &self,
+        events: Vec<NewEvent>,
+        now: UnixMillis,
+    ) -> Result<(Batch, Vec<Appended>, PartitionGuards<'_>), D2cError> {
+        let count = self.partitions().count();
+        let targets: Vec<u16> = events
+            .iter()
+            .map(|e| partition_of(&e.device_id, count))
+            .collect();
+        let mut wanted = targets.clone();
+        wanted.sort_unstable();
+        wanted.dedup();
+        // IMPORTANT: partition locks in ascending order; held until the batch is submitted so
+        // commit order equals sequence order.
+        let mut guards: Vec<(u16, parking_lot::MutexGuard<'_, PartitionHead>)> = wanted
+            .iter()
+            .map(|&p| (p, self.partitions().heads[p as usize].lock()))
+            .collect();
+        let mut batch = Batch::default();
+        let mut out = Vec::with_capacity(events.len());
+        for (ev, p) in events.into_iter().zip(targets) {
+            let head = &mut guards
+                .iter_mut()
+                .find(|(q, _)| *q == p)
+                .expect("locked above")
+                .1;
+            let enqueued = now.max(head.last_enqueued);
+            let event = D2cEvent {
+                partition: p,
+                sequence_number: head.next_sequence,
+                offset: head.next_offset,
+                enqueued_time: enqueued,
+                system_properties: ev.system_properties,
+                application_properties: ev.application_properties,
+                body: ev.body,
+            };
+            let framed = record::encode(&event);
+            **head = PartitionHead {
+                next_sequence: event.sequence_number + 1,
+                next_offset: event.offset + framed.len() as u64,
+                last_enqueued: enqueued,
+                last_sequence: Some(event.sequence_number),
+                last_offset: Some(event.offset),
+            };
+            batch.put_framed(
+                cf::D2C_EVENTS,
+                keys::d2c::event(p, event.sequence_number),
+                framed,
+            );
+            out.push(Appended {
+                partition: p,
+                sequence_number: event.sequence_number,
+                offset: event.offset,
+                enqueued_time: enqueued,
+            });
+        }
+        for (p, head) in &guards {
+            batch.put_record(cf::D2C_STATE, keys::d2c::head(*p), &**head);
+        }
+        Ok((batch, out, PartitionGuards(guards)))
+    }
+
+    /// Appends events durably, as one atomic batch: all are stored or none. Each goes to its
+    /// device's partition; events of one partition keep the order given. Returns when the
+    /// events are on disk.
+    ///
+    /// # Errors
+    /// Storage errors; then none of the events is acknowledged (the caller must not PUBACK).
+    pub fn append_events(
+        &self,
+        events: Vec<NewEvent>,
+        now: UnixMillis,
+    ) -> Result<Vec<Appended>, D2cError> {
+        let (batch, out, guards) = self.stage_events(events, now)?;
+        let ticket = self.raw.submit(batch)?;
+        drop(guards);
+        ticket.wait()?;
+        Ok(out)
+    }
+
+    /// Like [`Store::append_events`] but returns once the events are queued, in order; `done`
+    /// runs (on the commit thread) when they are durable. Lets a connection keep reading while
+    /// its earlier messages are being synced, without giving up per-device order.
+    ///
+    /// # Errors
+    /// Storage errors at queueing time (then `done` is never called).
+    pub fn append_events_then(
+        &self,
+        events: Vec<NewEvent>,
+        now: UnixMillis,
+        done: impl FnOnce(Result<Vec<Appended>, StorageError>) + Send + 'static,
+    ) -> Result<(), D2cError> {
+        let (batch, out, guards) = self.stage_events(events, now)?;
+        self.raw
+            .submit_with(batch, Box::new(move |r| done(r.map(|()| out))))?;
+        drop(guards);
+        Ok(())
+    }
+
+    /// Reads up to `max` events of a partition from `from`.
+    ///
+    /// # Errors
+    /// [`D2cError::NoSuchPartition`] or storage errors (a corrupt event is reported, not skipped).
+    pub fn read_events(
+        &self,
+        partition: u16,
+        from: ReadPosition,
+        max: usize,
+    ) -> Result<Vec<D2cEvent>, D2cError> {
+        self.check_partition(partition)?;
+        let start_seq = match from {
+            ReadPosition::Start => 0,
+            ReadPosition::Sequence(s) => s,
+            ReadPosition::End => return Ok(Vec::new()),
+            ReadPosition::Offset(o) => self.first_sequence_where(partition, |e| e.offset >= o)?,
+            ReadPosition::EnqueuedTime(t) => {
+                self.first_sequence_where(partition, |e| e.enqueued_time >= t)?
+            }
+        };
+        let mut out = Vec::new();
+        if max == 0 {
+            return Ok(out);
+        }
+        self.raw.scan_records::<D2cEvent>(
+            cf::D2C_EVENTS,
+            &keys::d2c::event(partition, start_seq),
+            Some(keys::d2c::partition_end(partition)),
+            |_, e| {
+                out.push(e);
+                out.len() < max
+            },
+        )?;
+        Ok(out)
+    }
+
+    /// The next sequence number a reader positioned at the end should wait for.
+    pub fn next_sequence_number(&self, partition: u16) -> Result<u64, D2cError> {
+        self.check_partition(partition)?;
+        Ok(self.partitions().heads[partition as usize]
+            .lock()
+            .next_sequence)
+    }
+
+    /// Smallest retained sequence number whose event satisfies a predicate that is monotonic
+    /// in sequence order (offsets, enqueued times); the next sequence number if none does.
+    fn first_sequence_where(
+        &self,
+        p: u16,
+        pred: impl Fn(&D2cEvent) -> bool,
+    ) -> Result<u64, D2cError> {
+        let info = self.partition_info(p)?;
+        let Some(last) = info.last_enqueued_sequence_number else {
+            return Ok(info.begin_sequence_number);
+        };
+        let (mut lo, mut hi) = (info.begin_sequence_number, last + 1);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let probe = self.first_event_at_or_after(p, mid)?;
+            match probe {
+                Some(e) if !pred(&e) => lo = e.sequence_number + 1,
+                _ => hi = mid,
+            }
+        }
+        Ok(lo)
+    }
+
+    fn first_event_at_or_after(&self, p: u16, seq: u64) -> Result<Option<D2cEvent>, D2cError> {
+        let mut found = None;
+        self.raw.scan_records::<D2cEvent>(
+            cf::D2C_EVENTS,
+            &keys::d2c::event(p, seq),
+            Some(keys::d2c::partition_end(p)),
+            |_, e| {
+                found = Some(e);
+                false
+            },
+        )?;
+        Ok(found)
+    }
+
+    /// Partition information with Event Hubs' field meanings.
+    ///
+    /// # Errors
+    /// [`D2cError::NoSuchPartition`] or storage errors.
+    pub fn partition_info(&self, partition: u16) -> Result<PartitionInfo, D2cError> {
+        self.check_partition(partition)?;
+        let head = *self.partitions().heads[partition as usize].lock();
+        let first = self.first_event_at_or_after(partition, 0)?;
+        Ok(PartitionInfo {
+            partition,
+            begin_sequence_number: first
+                .as_ref()
+                .map(|e| e.sequence_number)
+                .unwrap_or(head.next_sequence),
+            last_enqueued_sequence_number: head.last_sequence,
+            last_enqueued_offset: head.last_offset,
+            last_enqueued_time: head.last_sequence.map(|_| head.last_enqueued),
+            is_empty: first.is_none(),
+        })
+    }
+
+    /// Removes, with one range delete per partition, every event enqueued before `cutoff`.
+    /// Returns how many events were removed.
+    ///
+    /// # Errors
+    /// Storage errors; then nothing was removed.
+    pub fn trim_events_before(&self, cutoff: UnixMillis) -> Result<u64, D2cError> {
+        let mut batch = Batch::default();
+        let mut removed = 0;
+        for p in 0..self.partitions().count() {
+            let info = self.partition_info(p)?;
+            if info.is_empty {
+                continue;
+            }
+            let keep_from = self.first_sequence_where(p, |e| e.enqueued_time >= cutoff)?;
+            if keep_from > info.begin_sequence_number {
+                removed += keep_from - info.begin_sequence_number;
+                batch.delete_range(
+                    cf::D2C_EVENTS,
+                    keys::d2c::partition_start(p),
+                    keys::d2c::event(p, keep_from),
+                );
+            }
+        }
+        self.raw.commit(batch)?;
+        Ok(removed)
+    }
+
+    /// Creates a consumer group.
+    ///
+    /// # Errors
+    /// [`D2cError::GroupExists`], [`D2cError::TooManyGroups`], [`D2cError::Invalid`] or storage.
+    pub fn create_consumer_group(&self, name: &str, now: UnixMillis) -> Result<(), D2cError> {
+        validate_group_name(name)?;
+        let _guard = self.hub_lock.lock();
+        let existing = self.list_consumer_groups()?;
+        if existing.iter().any(|g| g == name) {
+            return Err(D2cError::GroupExists(name.into()));
+        }
+        if existing.len() >= MAX_CONSUMER_GROUPS {
+            return Err(D2cError::TooManyGroups(MAX_CONSUMER_GROUPS));
+        }
+        let mut batch = Batch::default();
+        batch.put_record(
+            cf::D2C_STATE,
+            keys::d2c::group(name),
+            &ConsumerGroupRecord {
+                name: name.into(),
+                created: now,
+            },
+        );
+        Ok(self.raw.commit(batch)?)
+    }
+
+    /// Consumer group names, `$Default` first.
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub fn list_consumer_groups(&self) -> Result<Vec<String>, D2cError> {
+        let mut out = vec![DEFAULT_CONSUMER_GROUP.to_string()];
+        let prefix = keys::d2c::GROUP_PREFIX;
+        self.raw.scan_records::<ConsumerGroupRecord>(
+            cf::D2C_STATE,
+            prefix,
+            keys::prefix_end(prefix),
+            |_, g| {
+                out.push(g.name);
+                true
+            },
+        )?;
+        Ok(out)
+    }
+
+    fn require_group(&self, name: &str) -> Result<(), D2cError> {
+        if name == DEFAULT_CONSUMER_GROUP
+            || self
+                .raw
+                .get_record::<ConsumerGroupRecord>(cf::D2C_STATE, &keys::d2c::group(name))?
+                .is_some()
+        {
+            Ok(())
+        } else {
+            Err(D2cError::NoSuchGroup(name.into()))
+        }
+    }
+
+    /// Deletes a consumer group and its checkpoints.
+    ///
+    /// # Errors
+    /// [`D2cError::DefaultGroup`], [`D2cError::NoSuchGroup`] or storage errors.
+    pub fn delete_consumer_group(&self, name: &str) -> Result<(), D2cError> {
+        if name == DEFAULT_CONSUMER_GROUP {
+            return Err(D2cError::DefaultGroup);
+        }
+        let _guard = self.hub_lock.lock();
+        self.require_group(name)?;
+        let mut batch = Batch::default();
+        batch.delete(cf::D2C_STATE, keys::d2c::group(name));
+        let prefix = keys::d2c::checkpoints_of(name);
+        if let Some(end) = keys::prefix_end(&prefix) {
+            batch.delete_range(cf::D2C_STATE, prefix, end);
+        }
+        Ok(self.raw.commit(batch)?)
+    }
+
+    /// Stores a checkpoint for a consumer group and partition.
+    ///
+    /// # Errors
+    /// [`D2cError::NoSuchGroup`], [`D2cError::NoSuchPartition`] or storage errors.
+    pub fn set_checkpoint(
+        &self,
+        group: &str,
+        partition: u16,
+        checkpoint: &Checkpoint,
+    ) -> Result<(), D2cError> {
+        self.check_partition(partition)?;
+        self.require_group(group)?;
+        let mut batch = Batch::default();
+        batch.put_record(
+            cf::D2C_STATE,
+            keys::d2c::checkpoint(group, partition),
+            checkpoint,
+        );
+        Ok(self.raw.commit(batch)?)
+    }
+
+    /// # Errors
+    /// [`D2cError::NoSuchGroup`], [`D2cError::NoSuchPartition`] or storage errors.
+    pub fn get_checkpoint(
+        &self,
+        group: &str,
+        partition: u16,
+    ) -> Result<Option<Checkpoint>, D2cError> {
+        self.check_partition(partition)?;
+        self.require_group(group)?;
+        Ok(self
+            .raw
+            .get_record(cf::D2C_STATE, &keys::d2c::checkpoint(group, partition))?)
+    }
+}

@@ -1,0 +1,111 @@
+//! Errors, one enum per kind of operation, each wrapping the shared [`StorageError`].
+
+use std::fmt;
+
+/// A key shown in messages: printable when it is text, hex otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyDisplay(pub Vec<u8>);
+
+impl fmt::Display for KeyDisplay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.iter().all(|b| (0x20..0x7f).contains(b)) {
+            write!(f, "{:?}", String::from_utf8_lossy(&self.0))
+        } else {
+            for b in &self.0 {
+                write!(f, "{b:02x}")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Failures of the storage layer itself; every domain error can carry one.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StorageError {
+    /// A stored record failed its checksum or does not decode. The data is not served.
+    #[error("corrupt record in column family {cf} at key {key}: {reason}")]
+    Corruption {
+        cf: &'static str,
+        key: KeyDisplay,
+        reason: String,
+    },
+    /// RocksDB reported an error (I/O, its own checksums, ...).
+    #[error("storage backend error: {0}")]
+    Backend(String),
+    /// An earlier durable write failed; the engine refuses writes until restarted.
+    #[error("storage is poisoned after a failed durable write; restart the hub")]
+    Poisoned,
+    /// The engine is shutting down.
+    #[error("storage is closed")]
+    Closed,
+    /// The store was opened read-only.
+    #[error("storage was opened read-only")]
+    ReadOnly,
+}
+
+/// Why the store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Schema(#[from] ferrohub_migrations::MigrationError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("cannot use data directory {path}: {reason}")]
+    Directory { path: String, reason: String },
+}
+
+/// Input the registry refuses; each maps to an IoT Hub 400 error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("{field} is invalid: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+impl ValidationError {
+    pub(crate) fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Registry operations (devices and modules).
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("device {0} not registered")]
+    DeviceNotFound(String),
+    #[error("module {module_id} on device {device_id} not registered")]
+    ModuleNotFound {
+        device_id: String,
+        module_id: String,
+    },
+    #[error("a device with id {0} is already registered")]
+    DeviceAlreadyExists(String),
+    #[error("a module with id {module_id} already exists on device {device_id}")]
+    ModuleAlreadyExists {
+        device_id: String,
+        module_id: String,
+    },
+    #[error("precondition failed: etag {given} does not match the current etag {current}")]
+    EtagMismatch { given: String, current: String },
+    #[error("device {device_id} already has the maximum of {max} modules")]
+    TooManyModules { device_id: String, max: usize },
+    #[error("{count} identities in one bulk request; at most {max} are allowed")]
+    TooManyInBulk { count: usize, max: usize },
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// Hub settings and policies.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("the hub has not been initialised")]
+    NotInitialised,
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}

@@ -1,0 +1,220 @@
+//! Hub-wide settings: name, host name and the shared access policies (SEC-1).
+//!
+//! # Invariants
+//! - Settings are written once by [`Store::initialise_hub`] and then only replaced whole.
+//! - There are between 1 and [`MAX_POLICIES`] policies with distinct names.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{HubError, ValidationError};
+use crate::keys;
+use crate::model::{generate_key, UnixMillis};
+use crate::raw::Batch;
+use crate::Store;
+use ferrohub_migrations::cf;
+
+/// Most shared access policies a hub may have.
+pub const MAX_POLICIES: usize = 16;
+
+/// Rights a policy grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Permissions {
+    pub registry_read: bool,
+    pub registry_write: bool,
+    pub service_connect: bool,
+    pub device_connect: bool,
+}
+
+impl Permissions {
+    pub const ALL: Permissions = Permissions {
+        registry_read: true,
+        registry_write: true,
+        service_connect: true,
+        device_connect: true,
+    };
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedAccessPolicy {
+    pub name: String,
+    pub primary_key: String,
+    pub secondary_key: String,
+    pub permissions: Permissions,
+}
+
+impl SharedAccessPolicy {
+    /// A policy with freshly generated 256-bit keys.
+    pub fn generate(name: &str, permissions: Permissions) -> Self {
+        SharedAccessPolicy {
+            name: name.to_string(),
+            primary_key: generate_key(),
+            secondary_key: generate_key(),
+            permissions,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HubSettings {
+    pub hub_name: String,
+    pub host_name: String,
+    pub policies: Vec<SharedAccessPolicy>,
+    pub created: UnixMillis,
+}
+
+impl HubSettings {
+    /// The five policies a new IoT hub has.
+    pub fn default_policies() -> Vec<SharedAccessPolicy> {
+        let p = |r, w, s, d| Permissions {
+            registry_read: r,
+            registry_write: w,
+            service_connect: s,
+            device_connect: d,
+        };
+        vec![
+            SharedAccessPolicy::generate("iothubowner", Permissions::ALL),
+            SharedAccessPolicy::generate("service", p(false, false, true, false)),
+            SharedAccessPolicy::generate("device", p(false, false, false, true)),
+            SharedAccessPolicy::generate("registryRead", p(true, false, false, false)),
+            SharedAccessPolicy::generate("registryReadWrite", p(true, true, false, false)),
+        ]
+    }
+
+    pub fn policy(&self, name: &str) -> Option<&SharedAccessPolicy> {
+        self.policies.iter().find(|p| p.name == name)
+    }
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        if self.policies.is_empty() || self.policies.len() > MAX_POLICIES {
+            return Err(ValidationError::new(
+                "policies",
+                format!("a hub has 1 to {MAX_POLICIES} policies"),
+            ));
+        }
+        let mut names: Vec<&str> = self.policies.iter().map(|p| p.name.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return Err(ValidationError::new(
+                "policies",
+                "policy names must be distinct",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Store {
+    /// The hub's settings, or `None` before initialisation.
+    ///
+    /// # Errors
+    /// [`HubError::Storage`] on a read failure or corruption.
+    pub fn hub_settings(&self) -> Result<Option<HubSettings>, HubError> {
+        Ok(self.raw.get_record(cf::META, keys::meta::HUB_SETTINGS)?)
+    }
+
+    /// Stores the settings of a new hub; returns the settings in force (the existing ones if
+    /// the hub was already initialised, so initialisation is idempotent).
+    ///
+    /// # Errors
+    /// [`HubError::Invalid`] for bad policies, [`HubError::Storage`] on failure.
+    pub fn initialise_hub(&self, settings: HubSettings) -> Result<HubSettings, HubError> {
+        let _guard = self.hub_lock.lock();
+        if let Some(existing) = self.hub_settings()? {
+            return Ok(existing);
+        }
+        settings.validate()?;
+        let mut batch = Batch::default();
+        batch.put_record(cf::META, keys::meta::HUB_SETTINGS.to_vec(), &settings);
+        self.raw.commit(batch)?;
+        Ok(settings)
+    }
+
+    /// Replaces the settings of an initialised hub (for example its policies).
+    ///
+    /// # Errors
+    /// [`HubError::NotInitialised`], [`HubError::Invalid`] or [`HubError::Storage`].
+    pub fn replace_hub_settings(&self, settings: HubSettings) -> Result<(), HubError> {
+        let _guard = self.hub_lock.lock();
+        if self.hub_settings()?.is_none() {
+            return Err(HubError::NotInitialised);
+        }
+        settings.validate()?;
+        let mut batch = Batch::default();
+        batch.put_record(cf::META, keys::meta::HUB_SETTINGS.to_vec(), &settings);
+        Ok(self.raw.commit(batch)?)
+    }
+}
+
+/// A certificate authority registered for X.509 CA-signed device authentication.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CertificateAuthority {
+    pub name: String,
+    #[serde(with = "serde_bytes")]
+    pub der: Vec<u8>,
+    pub created: UnixMillis,
+}
+
+fn ca_key(name: &str) -> Vec<u8> {
+    let mut k = keys::meta::CA_PREFIX.to_vec();
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+impl Store {
+    /// Registers (or replaces) a CA certificate (DER, already checked by the caller).
+    ///
+    /// # Errors
+    /// [`HubError::Invalid`] for a bad name, [`HubError::Storage`] on failure.
+    pub fn put_certificate_authority(&self, ca: &CertificateAuthority) -> Result<(), HubError> {
+        let ok = !ca.name.is_empty()
+            && ca.name.len() <= 64
+            && ca
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c));
+        if !ok {
+            return Err(ValidationError::new(
+                "name",
+                "must be 1 to 64 letters, digits, '-', '.' or '_'",
+            )
+            .into());
+        }
+        let mut batch = Batch::default();
+        batch.put_record(cf::META, ca_key(&ca.name), ca);
+        Ok(self.raw.commit(batch)?)
+    }
+
+    /// Registered CAs, by name.
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub fn list_certificate_authorities(&self) -> Result<Vec<CertificateAuthority>, HubError> {
+        let mut out = Vec::new();
+        let prefix = keys::meta::CA_PREFIX;
+        self.raw.scan_records::<CertificateAuthority>(
+            cf::META,
+            prefix,
+            keys::prefix_end(prefix),
+            |_, ca| {
+                out.push(ca);
+                true
+            },
+        )?;
+        Ok(out)
+    }
+
+    /// Removes a CA; returns whether it existed.
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub fn delete_certificate_authority(&self, name: &str) -> Result<bool, HubError> {
+        let existed = self
+            .raw
+            .get_record::<CertificateAuthority>(cf::META, &ca_key(name))?
+            .is_some();
+        let mut batch = Batch::default();
+        batch.delete(cf::META, ca_key(name));
+        self.raw.commit(batch)?;
+        Ok(existed)
+    }
+}

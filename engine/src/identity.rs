@@ -1,0 +1,659 @@
+//! The identity registry (REG-1..REG-5): devices and their modules.
+//!
+//! Every operation runs as a [`Txn`]: reads go through an overlay of what the operation has
+//! already decided, writes are staged in one [`Batch`] with the statistics deltas, and the batch
+//! commits atomically through the group committer. Single operations are transactions of one
+//! step; a bulk request is one transaction of many steps whose failures are reported per item.
+//!
+//! # Invariants
+//! - A device's modules never outlive it: deleting a device deletes them in the same batch.
+//! - A device has at most [`MAX_MODULES_PER_DEVICE`] modules.
+//! - The `counters` column family equals the counts of stored devices by status, because
+//!   every change of a device's existence or status stages its delta in the same batch.
+//! - The device's stripe lock is held from the first read until the commit returns.
+
+use std::collections::HashMap;
+
+use ferrohub_migrations::cf;
+use ferrohub_migrations::m0002_registry_counters::{DeviceCounters, DEVICE_COUNTERS_KEY};
+
+use crate::error::{RegistryError, StorageError, ValidationError};
+use crate::keys;
+use crate::model::{
+    new_generation_id, next_etag, validate_id, ConnectionState, Identity, IdentitySpec, IfMatch,
+    Status, UnixMillis, MAX_BULK_IDENTITIES, MAX_MODULES_PER_DEVICE,
+};
+use crate::raw::Batch;
+use crate::Store;
+
+/// What a bulk item asks for (the `importMode` of IoT Hub).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImportMode {
+    Create,
+    Update,
+    UpdateIfMatchETag,
+    CreateOrUpdate,
+    CreateOrUpdateIfMatchETag,
+    Delete,
+    DeleteIfMatchETag,
+}
+
+/// One item of a bulk registry request.
+#[derive(Debug, Clone)]
+pub struct BulkItem {
+    pub device_id: String,
+    pub module_id: Option<String>,
+    pub mode: ImportMode,
+    pub etag: Option<String>,
+    pub spec: IdentitySpec,
+}
+
+/// Why one bulk item was not applied.
+#[derive(Debug)]
+pub struct BulkItemError {
+    pub device_id: String,
+    pub module_id: Option<String>,
+    pub mode: ImportMode,
+    pub error: RegistryError,
+}
+
+/// Registry statistics (`GET /statistics/devices`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RegistryStatistics {
+    pub total_device_count: u64,
+    pub enabled_device_count: u64,
+    pub disabled_device_count: u64,
+}
+
+fn counters_for(status: Status) -> DeviceCounters {
+    match status {
+        Status::Enabled => DeviceCounters {
+            total: 1,
+            enabled: 1,
+            disabled: 0,
+        },
+        Status::Disabled => DeviceCounters {
+            total: 1,
+            enabled: 0,
+            disabled: 1,
+        },
+    }
+}
+
+fn sub(a: DeviceCounters, b: DeviceCounters) -> DeviceCounters {
+    DeviceCounters {
+        total: a.total - b.total,
+        enabled: a.enabled - b.enabled,
+        disabled: a.disabled - b.disabled,
+    }
+}
+
+fn add(a: DeviceCounters, b: DeviceCounters) -> DeviceCounters {
+    DeviceCounters {
+        total: a.total + b.total,
+        enabled: a.enabled + b.enabled,
+        disabled: a.disabled + b.disabled,
+    }
+}
+
+/// A registry transaction: overlay + staged batch.
+struct Txn<'a> {
+    store: &'a Store,
+    batch: Batch,
+    devices: HashMap<String, Option<Identity>>,
+    modules: HashMap<(String, String), Option<Identity>>,
+    counters: DeviceCounters,
+}
+
+impl<'a> Txn<'a> {
+    fn new(store: &'a Store) -> Self {
+        Txn {
+            store,
+            batch: Batch::default(),
+            devices: HashMap::new(),
+            modules: HashMap::new(),
+            counters: DeviceCounters::default(),
+        }
+    }
+
+    fn device(&mut self, id: &str) -> Result<Option<Identity>, StorageError> {
+        if let Some(d) = self.devices.get(id) {
+            return Ok(d.clone());
+        }
+        let d: Option<Identity> = self.store.raw.get_record(cf::DEVICES, &keys::device(id))?;
+        self.devices.insert(id.to_string(), d.clone());
+        Ok(d)
+    }
+
+    fn module(
+        &mut self,
+        device_id: &str,
+        module_id: &str,
+    ) -> Result<Option<Identity>, StorageError> {
+        let k = (device_id.to_string(), module_id.to_string());
+        if let Some(m) = self.modules.get(&k) {
+            return Ok(m.clone());
+        }
+        let m: Option<Identity> = self
+            .store
+            .raw
+            .get_record(cf::MODULES, &keys::module(device_id, module_id))?;
+        self.modules.insert(k, m.clone());
+        Ok(m)
+    }
+
+    /// Module ids of a device as this transaction sees them.
+    fn module_ids(&mut self, device_id: &str) -> Result<Vec<String>, StorageError> {
+        let prefix = keys::modules_of(device_id);
+        let mut ids = Vec::new();
+        self.store.raw.scan_records::<Identity>(
+            cf::MODULES,
+            &prefix,
+            keys::prefix_end(&prefix),
+            |_, m| {
+                if let Some(mid) = m.module_id {
+                    ids.push(mid);
+                }
+                true
+            },
+        )?;
+        for ((dev, mid), m) in &self.modules {
+            if dev == device_id {
+                match m {
+                    Some(_) if !ids.contains(mid) => ids.push(mid.clone()),
+                    None => ids.retain(|x| x != mid),
+                    _ => {}
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    fn put_device(&mut self, previous: Option<&Identity>, device: Identity) {
+        let before = previous.map(|p| counters_for(p.status)).unwrap_or_default();
+        self.counters = add(self.counters, sub(counters_for(device.status), before));
+        self.batch
+            .put_record(cf::DEVICES, keys::device(&device.device_id), &device);
+        self.devices.insert(device.device_id.clone(), Some(device));
+    }
+
+    fn put_module(&mut self, module: Identity) {
+        let mid = module.module_id.clone().unwrap_or_default();
+        self.batch
+            .put_record(cf::MODULES, keys::module(&module.device_id, &mid), &module);
+        self.modules
+            .insert((module.device_id.clone(), mid), Some(module));
+    }
+
+    fn create_device(
+        &mut self,
+        id: &str,
+        spec: &IdentitySpec,
+        now: UnixMillis,
+    ) -> Result<Identity, RegistryError> {
+        validate_id("deviceId", id)?;
+        spec.validate()?;
+        if self.device(id)?.is_some() {
+            return Err(RegistryError::DeviceAlreadyExists(id.to_string()));
+        }
+        let device = Identity {
+            device_id: id.to_string(),
+            module_id: None,
+            generation_id: new_generation_id(),
+            etag: next_etag(None),
+            status: spec.status,
+            status_reason: spec.status_reason.clone(),
+            status_updated_time: now,
+            connection_state: ConnectionState::Disconnected,
+            connection_state_updated_time: None,
+            last_activity_time: None,
+            cloud_to_device_message_count: 0,
+            authentication: spec.authentication(None),
+            iot_edge: spec.iot_edge,
+            device_scope: spec.device_scope.clone(),
+            parent_scopes: spec.parent_scopes.clone(),
+            managed_by: None,
+        };
+        self.put_device(None, device.clone());
+        Ok(device)
+    }
+
+    fn update_device(
+        &mut self,
+        id: &str,
+        spec: &IdentitySpec,
+        if_match: &IfMatch,
+        now: UnixMillis,
+    ) -> Result<Identity, RegistryError> {
+        spec.validate()?;
+        let current = self
+            .device(id)?
+            .ok_or_else(|| RegistryError::DeviceNotFound(id.to_string()))?;
+        if_match.check(&current.etag)?;
+        let mut next = current.clone();
+        if next.status != spec.status {
+            next.status_updated_time = now;
+        }
+        next.status = spec.status;
+        next.status_reason = spec.status_reason.clone();
+        next.authentication = spec.authentication(Some(&current.authentication));
+        next.iot_edge = spec.iot_edge;
+        next.device_scope = spec.device_scope.clone();
+        next.parent_scopes = spec.parent_scopes.clone();
+        next.etag = next_etag(Some(&current.etag));
+        self.put_device(Some(&current), next.clone());
+        Ok(next)
+    }
+
+    fn delete_device(&mut self, id: &str, if_match: &IfMatch) -> Result<(), RegistryError> {
+        let current = self
+            .device(id)?
+            .ok_or_else(|| RegistryError::DeviceNotFound(id.to_string()))?;
+        if_match.check(&current.etag)?;
+        self.batch.delete(cf::SESSIONS, id.as_bytes().to_vec());
+        for mid in self.module_ids(id)? {
+            self.batch
+                .delete(cf::SESSIONS, format!("{id}/{mid}").into_bytes());
+            self.batch.delete(cf::MODULES, keys::module(id, &mid));
+            self.modules.insert((id.to_string(), mid), None);
+        }
+        self.counters = sub(self.counters, counters_for(current.status));
+        self.batch.delete(cf::DEVICES, keys::device(id));
+        self.devices.insert(id.to_string(), None);
+        Ok(())
+    }
+
+    fn create_module(
+        &mut self,
+        device_id: &str,
+        module_id: &str,
+        spec: &IdentitySpec,
+        now: UnixMillis,
+    ) -> Result<Identity, RegistryError> {
+        validate_id("moduleId", module_id)?;
+        spec.validate()?;
+        let device = self
+            .device(device_id)?
+            .ok_or_else(|| RegistryError::DeviceNotFound(device_id.to_string()))?;
+        if self.module(device_id, module_id)?.is_some() {
+            return Err(RegistryError::ModuleAlreadyExists {
+                device_id: device_id.into(),
+                module_id: module_id.into(),
+            });
+        }
+        if self.module_ids(device_id)?.len() >= MAX_MODULES_PER_DEVICE {
+            return Err(RegistryError::TooManyModules {
+                device_id: device_id.into(),
+                max: MAX_MODULES_PER_DEVICE,
+            });
+        }
+        let module = Identity {
+            device_id: device.device_id.clone(),
+            module_id: Some(module_id.to_string()),
+            generation_id: new_generation_id(),
+            etag: next_etag(None),
+            status: Status::Enabled,
+            status_reason: None,
+            status_updated_time: now,
+            connection_state: ConnectionState::Disconnected,
+            connection_state_updated_time: None,
+            last_activity_time: None,
+            cloud_to_device_message_count: 0,
+            authentication: spec.authentication(None),
+            iot_edge: false,
+            device_scope: None,
+            parent_scopes: Vec::new(),
+            managed_by: spec.managed_by.clone(),
+        };
+        self.put_module(module.clone());
+        Ok(module)
+    }
+
+    fn update_module(
+        &mut self,
+        device_id: &str,
+        module_id: &str,
+        spec: &IdentitySpec,
+        if_match: &IfMatch,
+    ) -> Result<Identity, RegistryError> {
+        spec.validate()?;
+        let current =
+            self.module(device_id, module_id)?
+                .ok_or_else(|| RegistryError::ModuleNotFound {
+                    device_id: device_id.into(),
+                    module_id: module_id.into(),
+                })?;
+        if_match.check(&current.etag)?;
+        let mut next = current.clone();
+        next.authentication = spec.authentication(Some(&current.authentication));
+        next.managed_by = spec.managed_by.clone();
+        next.etag = next_etag(Some(&current.etag));
+        self.put_module(next.clone());
+        Ok(next)
+    }
+
+    fn delete_module(
+        &mut self,
+        device_id: &str,
+        module_id: &str,
+        if_match: &IfMatch,
+    ) -> Result<(), RegistryError> {
+        let current =
+            self.module(device_id, module_id)?
+                .ok_or_else(|| RegistryError::ModuleNotFound {
+                    device_id: device_id.into(),
+                    module_id: module_id.into(),
+                })?;
+        if_match.check(&current.etag)?;
+        self.batch.delete(
+            cf::SESSIONS,
+            format!("{device_id}/{module_id}").into_bytes(),
+        );
+        self.batch
+            .delete(cf::MODULES, keys::module(device_id, module_id));
+        self.modules
+            .insert((device_id.to_string(), module_id.to_string()), None);
+        Ok(())
+    }
+
+    fn apply_bulk_item(&mut self, item: &BulkItem, now: UnixMillis) -> Result<(), RegistryError> {
+        use ImportMode::*;
+        let etag_match = || match &item.etag {
+            Some(e) => Ok(IfMatch::Etag(e.clone())),
+            None => Err(RegistryError::Invalid(ValidationError::new(
+                "eTag",
+                "is required for this importMode",
+            ))),
+        };
+        let d = item.device_id.as_str();
+        // createOrUpdate modes resolve to create or update by what exists now.
+        let exists = match &item.module_id {
+            None => self.device(d)?.is_some(),
+            Some(m) => self.module(d, m)?.is_some(),
+        };
+        let mode = match (item.mode, exists) {
+            (CreateOrUpdate | CreateOrUpdateIfMatchETag, false) => Create,
+            (CreateOrUpdate, true) => Update,
+            (CreateOrUpdateIfMatchETag, true) => UpdateIfMatchETag,
+            (mode, _) => mode,
+        };
+        match (&item.module_id, mode) {
+            (None, Create) => self.create_device(d, &item.spec, now).map(drop),
+            (None, Update) => self
+                .update_device(d, &item.spec, &IfMatch::Any, now)
+                .map(drop),
+            (None, UpdateIfMatchETag) => self
+                .update_device(d, &item.spec, &etag_match()?, now)
+                .map(drop),
+            (None, Delete) => self.delete_device(d, &IfMatch::Any),
+            (None, DeleteIfMatchETag) => self.delete_device(d, &etag_match()?),
+            (Some(m), Create) => self.create_module(d, m, &item.spec, now).map(drop),
+            (Some(m), Update) => self
+                .update_module(d, m, &item.spec, &IfMatch::Any)
+                .map(drop),
+            (Some(m), UpdateIfMatchETag) => self
+                .update_module(d, m, &item.spec, &etag_match()?)
+                .map(drop),
+            (Some(m), Delete) => self.delete_module(d, m, &IfMatch::Any),
+            (Some(m), DeleteIfMatchETag) => self.delete_module(d, m, &etag_match()?),
+            (_, CreateOrUpdate | CreateOrUpdateIfMatchETag) => unreachable!("resolved above"),
+        }
+    }
+
+    fn commit(mut self) -> Result<(), StorageError> {
+        self.batch
+            .merge_counters(DEVICE_COUNTERS_KEY, self.counters);
+        self.store.raw.commit(self.batch)
+    }
+}
+
+impl Store {
+    fn in_txn<T>(
+        &self,
+        device_id: &str,
+        f: impl FnOnce(&mut Txn<'_>) -> Result<T, RegistryError>,
+    ) -> Result<T, RegistryError> {
+        let _guard = self.stripes.lock(device_id);
+        let mut txn = Txn::new(self);
+        let out = f(&mut txn)?;
+        txn.commit()?;
+        Ok(out)
+    }
+
+    /// Registers a new device; keys are generated when not supplied.
+    ///
+    /// # Errors
+    /// [`RegistryError::Invalid`], [`RegistryError::DeviceAlreadyExists`] or storage errors.
+    pub fn create_device(
+        &self,
+        device_id: &str,
+        spec: &IdentitySpec,
+        now: UnixMillis,
+    ) -> Result<Identity, RegistryError> {
+        self.in_txn(device_id, |t| t.create_device(device_id, spec, now))
+    }
+
+    /// Replaces the settable properties of a device, if `if_match` holds.
+    ///
+    /// # Errors
+    /// [`RegistryError::DeviceNotFound`], [`RegistryError::EtagMismatch`], validation or storage.
+    pub fn update_device(
+        &self,
+        device_id: &str,
+        spec: &IdentitySpec,
+        if_match: &IfMatch,
+        now: UnixMillis,
+    ) -> Result<Identity, RegistryError> {
+        self.in_txn(device_id, |t| {
+            t.update_device(device_id, spec, if_match, now)
+        })
+    }
+
+    /// Deletes a device and its modules, if `if_match` holds.
+    ///
+    /// # Errors
+    /// [`RegistryError::DeviceNotFound`], [`RegistryError::EtagMismatch`] or storage errors.
+    pub fn delete_device(&self, device_id: &str, if_match: &IfMatch) -> Result<(), RegistryError> {
+        self.in_txn(device_id, |t| t.delete_device(device_id, if_match))
+    }
+
+    /// # Errors
+    /// [`RegistryError::DeviceNotFound`] or storage errors (corruption included).
+    pub fn get_device(&self, device_id: &str) -> Result<Identity, RegistryError> {
+        self.raw
+            .get_record(cf::DEVICES, &keys::device(device_id))?
+            .ok_or_else(|| RegistryError::DeviceNotFound(device_id.to_string()))
+    }
+
+    /// Up to `limit` devices in id order.
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub fn list_devices(&self, limit: usize) -> Result<Vec<Identity>, RegistryError> {
+        let mut out = Vec::new();
+        self.raw
+            .scan_records::<Identity>(cf::DEVICES, &[], None, |_, d| {
+                out.push(d);
+                out.len() < limit
+            })?;
+        Ok(out)
+    }
+
+    /// Counts of devices by status, read from the counters kept with every write.
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub fn registry_statistics(&self) -> Result<RegistryStatistics, RegistryError> {
+        let c: DeviceCounters = self
+            .raw
+            .get_record(cf::COUNTERS, DEVICE_COUNTERS_KEY)?
+            .unwrap_or_default();
+        let n = |v: i64| v.max(0) as u64;
+        Ok(RegistryStatistics {
+            total_device_count: n(c.total),
+            enabled_device_count: n(c.enabled),
+            disabled_device_count: n(c.disabled),
+        })
+    }
+
+    /// Adds a module to an existing device.
+    ///
+    /// # Errors
+    /// [`RegistryError::DeviceNotFound`], [`RegistryError::ModuleAlreadyExists`],
+    /// [`RegistryError::TooManyModules`], validation or storage errors.
+    pub fn create_module(
+        &self,
+        device_id: &str,
+        module_id: &str,
+        spec: &IdentitySpec,
+        now: UnixMillis,
+    ) -> Result<Identity, RegistryError> {
+        self.in_txn(device_id, |t| {
+            t.create_module(device_id, module_id, spec, now)
+        })
+    }
+
+    /// # Errors
+    /// [`RegistryError::ModuleNotFound`], [`RegistryError::EtagMismatch`], validation or storage.
+    pub fn update_module(
+        &self,
+        device_id: &str,
+        module_id: &str,
+        spec: &IdentitySpec,
+        if_match: &IfMatch,
+    ) -> Result<Identity, RegistryError> {
+        self.in_txn(device_id, |t| {
+            t.update_module(device_id, module_id, spec, if_match)
+        })
+    }
+
+    /// # Errors
+    /// [`RegistryError::ModuleNotFound`], [`RegistryError::EtagMismatch`] or storage errors.
+    pub fn delete_module(
+        &self,
+        device_id: &str,
+        module_id: &str,
+        if_match: &IfMatch,
+    ) -> Result<(), RegistryError> {
+        self.in_txn(device_id, |t| {
+            t.delete_module(device_id, module_id, if_match)
+        })
+    }
+
+    /// # Errors
+    /// [`RegistryError::ModuleNotFound`] or storage errors.
+    pub fn get_module(&self, device_id: &str, module_id: &str) -> Result<Identity, RegistryError> {
+        self.raw
+            .get_record(cf::MODULES, &keys::module(device_id, module_id))?
+            .ok_or_else(|| RegistryError::ModuleNotFound {
+                device_id: device_id.into(),
+                module_id: module_id.into(),
+            })
+    }
+
+    /// The modules of a device in id order.
+    ///
+    /// # Errors
+    /// [`RegistryError::DeviceNotFound`] or storage errors.
+    pub fn list_modules(&self, device_id: &str) -> Result<Vec<Identity>, RegistryError> {
+        self.get_device(device_id)?;
+        let prefix = keys::modules_of(device_id);
+        let mut out = Vec::new();
+        self.raw.scan_records::<Identity>(
+            cf::MODULES,
+            &prefix,
+            keys::prefix_end(&prefix),
+            |_, m| {
+                out.push(m);
+                true
+            },
+        )?;
+        Ok(out)
+    }
+
+    /// Records that a device or module connected or disconnected (MQT-13): connection state,
+    /// its time, and the last activity time. The etag does not change. Returns the identity as
+    /// stored, or `None` if it no longer exists.
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub fn record_connection(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+        connected: bool,
+        now: UnixMillis,
+    ) -> Result<Option<Identity>, RegistryError> {
+        self.in_txn(device_id, |t| {
+            let current = match module_id {
+                Some(m) => t.module(device_id, m)?,
+                None => t.device(device_id)?,
+            };
+            let Some(mut next) = current else {
+                return Ok(None);
+            };
+            next.connection_state = if connected {
+                ConnectionState::Connected
+            } else {
+                ConnectionState::Disconnected
+            };
+            next.connection_state_updated_time = Some(now);
+            next.last_activity_time = Some(now);
+            match module_id {
+                Some(_) => t.put_module(next.clone()),
+                None => {
+                    let previous = next.clone();
+                    t.put_device(Some(&previous), next.clone());
+                }
+            }
+            Ok(Some(next))
+        })
+    }
+
+    /// Applies many registry changes in one atomic commit. Items that fail are left out and
+    /// reported; the others are applied. An id named twice is refused for its later items.
+    ///
+    /// # Errors
+    /// [`RegistryError::TooManyInBulk`] (nothing applied) or storage errors (nothing applied).
+    pub fn bulk(
+        &self,
+        items: &[BulkItem],
+        now: UnixMillis,
+    ) -> Result<Vec<BulkItemError>, RegistryError> {
+        if items.len() > MAX_BULK_IDENTITIES {
+            return Err(RegistryError::TooManyInBulk {
+                count: items.len(),
+                max: MAX_BULK_IDENTITIES,
+            });
+        }
+        let _guards = self
+            .stripes
+            .lock_many(items.iter().map(|i| i.device_id.as_str()));
+        let mut txn = Txn::new(self);
+        let mut errors = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for item in items {
+            let result = if !seen.insert((item.device_id.clone(), item.module_id.clone())) {
+                Err(RegistryError::Invalid(ValidationError::new(
+                    "id",
+                    format!("{} appears more than once in the request", item.device_id),
+                )))
+            } else {
+                txn.apply_bulk_item(item, now)
+            };
+            if let Err(error) = result {
+                if let RegistryError::Storage(e) = error {
+                    return Err(RegistryError::Storage(e));
+                }
+                errors.push(BulkItemError {
+                    device_id: item.device_id.clone(),
+                    module_id: item.module_id.clone(),
+                    mode: item.mode,
+                    error,
+                });
+            }
+        }
+        txn.commit()?;
+        Ok(errors)
+    }
+}

@@ -1,0 +1,137 @@
+//! Every key the engine stores, built in one place.
+//!
+//! Device ids are length-prefixed (one byte; ids are at most 128 bytes) so that a prefix scan
+//! for the modules of `dev1` can never match `dev10`.
+
+/// Key of a device identity in `devices`: the raw id (ids are unique, no prefix scan needed).
+pub fn device(device_id: &str) -> Vec<u8> {
+    device_id.as_bytes().to_vec()
+}
+
+/// Prefix of all modules of one device in `modules`.
+pub fn modules_of(device_id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + device_id.len());
+    push_len_prefixed(&mut k, device_id);
+    k
+}
+
+/// Key of one module identity in `modules`.
+pub fn module(device_id: &str, module_id: &str) -> Vec<u8> {
+    let mut k = modules_of(device_id);
+    push_len_prefixed(&mut k, module_id);
+    k
+}
+
+fn push_len_prefixed(k: &mut Vec<u8>, s: &str) {
+    // Ids are validated to at most 128 ASCII bytes before any key is built.
+    debug_assert!(s.len() <= u8::MAX as usize);
+    k.push(s.len() as u8);
+    k.extend_from_slice(s.as_bytes());
+}
+
+/// Upper bound for an iteration over everything starting with `prefix`.
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// Keys in `meta`.
+pub mod meta {
+    pub const HUB_SETTINGS: &[u8] = b"hub_settings";
+    /// Registered certificate authorities: `ca/{name}`.
+    pub const CA_PREFIX: &[u8] = b"ca/";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_keys_round_trip_and_do_not_collide() {
+        let k = module("dev1", "m");
+        assert_eq!(k, b"\x04dev1\x01m".to_vec());
+        assert!(!module("dev10", "m").starts_with(&modules_of("dev1")));
+        assert!(k.starts_with(&modules_of("dev1")));
+    }
+
+    #[test]
+    fn prefix_end_is_exclusive_upper_bound() {
+        assert_eq!(prefix_end(&[1, 2]), Some(vec![1, 3]));
+        assert_eq!(prefix_end(&[1, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_end(&[0xff]), None);
+    }
+}
+
+/// Keys of the D2C column families.
+pub mod d2c {
+    /// An event in `d2c_events`: `partition:u16be ‖ sequence:u64be`.
+    pub fn event(partition: u16, sequence: u64) -> Vec<u8> {
+        let mut k = Vec::with_capacity(10);
+        k.extend_from_slice(&partition.to_be_bytes());
+        k.extend_from_slice(&sequence.to_be_bytes());
+        k
+    }
+
+    /// First key of a partition in `d2c_events`.
+    pub fn partition_start(partition: u16) -> Vec<u8> {
+        event(partition, 0)
+    }
+
+    /// Exclusive end of a partition in `d2c_events`.
+    pub fn partition_end(partition: u16) -> Vec<u8> {
+        (partition as u32 + 1).to_be_bytes()[2..].to_vec()
+    }
+
+    /// The head (next sequence number and offset) of a partition in `d2c_state`.
+    pub fn head(partition: u16) -> Vec<u8> {
+        let mut k = b"head/".to_vec();
+        k.extend_from_slice(&partition.to_be_bytes());
+        k
+    }
+
+    /// A consumer group in `d2c_state`.
+    pub fn group(name: &str) -> Vec<u8> {
+        let mut k = b"group/".to_vec();
+        k.extend_from_slice(name.as_bytes());
+        k
+    }
+
+    pub const GROUP_PREFIX: &[u8] = b"group/";
+
+    /// The partition count, fixed when the hub is created.
+    pub const PARTITION_COUNT: &[u8] = b"partition_count";
+
+    /// A checkpoint in `d2c_state`: `checkpoint/ ‖ len(group):u8 ‖ group ‖ partition:u16be`.
+    pub fn checkpoint(group: &str, partition: u16) -> Vec<u8> {
+        let mut k = b"checkpoint/".to_vec();
+        super::push_len_prefixed(&mut k, group);
+        k.extend_from_slice(&partition.to_be_bytes());
+        k
+    }
+
+    /// Prefix of every checkpoint of a group.
+    pub fn checkpoints_of(group: &str) -> Vec<u8> {
+        let mut k = b"checkpoint/".to_vec();
+        super::push_len_prefixed(&mut k, group);
+        k
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn partitions_do_not_overlap() {
+            assert!(event(0, u64::MAX) < partition_end(0));
+            assert_eq!(partition_end(0), partition_start(1)[..2].to_vec());
+            assert!(event(1, 0) >= partition_end(0));
+            assert!(event(1, 5) < event(1, 6));
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! ferrohub storage engine: the hub's state on one RocksDB database.
+//!
+//! # Layout
+//! - [`raw`](crate::raw) (private): the only module naming `rocksdb::`; column families,
+//!   checked reads, and the group committer that makes every acknowledged write durable.
+//! - `keys` (private): every stored key, built in one place.
+//! - [`model`]: identity records and their validation rules.
+//! - [`identity`]: the device and module registry.
+//! - [`hub`]: hub settings and shared access policies.
+//! - [`d2c`]: device-to-cloud partitions, consumer groups, checkpoints, retention.
+//! - [`sessions`]: persistent MQTT sessions (subscriptions per client id).
+//! - [`error`]: one error enum per kind of operation, wrapping [`StorageError`].
+//! - Record framing and schema versions live in `ferrohub-migrations`.
+//!
+//! # What it is not
+//! The engine knows nothing of sockets, protocols, tokens or JSON wire shapes, and never reads
+//! the clock: time comes in as [`UnixMillis`]. Its API is synchronous; a write blocks the calling
+//! thread until it is durable, so async callers reach it through `spawn_blocking`.
+//!
+//! # Durability
+//! With [`Durability::Synced`] (the default), a call that changes state returns only after the
+//! change is in a synced write-ahead log. Concurrent writers share one sync (group commit).
+//!
+//! ```
+//! use ferrohub_engine::{model::{IdentitySpec, UnixMillis}, Store, StoreConfig};
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = Store::open(dir.path(), StoreConfig::default()).unwrap();
+//! let dev = store.create_device("dev1", &IdentitySpec::default(), UnixMillis(0)).unwrap();
+//! assert_eq!(store.get_device("dev1").unwrap().etag, dev.etag);
+//! ```
+
+pub mod d2c;
+pub mod error;
+pub mod hub;
+pub mod identity;
+mod keys;
+pub mod model;
+mod raw;
+pub mod sessions;
+mod stripes;
+
+use std::path::Path;
+
+use parking_lot::Mutex;
+
+pub use error::{HubError, OpenError, RegistryError, StorageError, ValidationError};
+pub use ferrohub_migrations::LATEST_VERSION as SCHEMA_VERSION;
+pub use model::UnixMillis;
+pub use raw::{CommitStats, Durability};
+
+/// Engine settings.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreConfig {
+    pub durability: Durability,
+    /// D2C partitions of a new hub; an existing hub keeps the count it was created with.
+    pub d2c_partitions: u16,
+}
+
+/// IoT Hub's default partition count.
+pub const DEFAULT_D2C_PARTITIONS: u16 = 4;
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            durability: Durability::default(),
+            d2c_partitions: DEFAULT_D2C_PARTITIONS,
+        }
+    }
+}
+
+/// A handle to the open database. Cheap to share behind an `Arc`; all methods take `&self`.
+pub struct Store {
+    raw: raw::Raw,
+    stripes: stripes::Stripes,
+    partitions: d2c::Partitions,
+    /// Serialises hub-settings writes (rare; never on a hot path).
+    hub_lock: Mutex<()>,
+}
+
+impl Store {
+    /// Opens or creates the database in `path` and brings its schema to [`SCHEMA_VERSION`].
+    ///
+    /// # Errors
+    /// [`OpenError::Schema`] when the database is newer than this build (nothing is changed) or
+    /// a migration fails; [`OpenError::Storage`] or [`OpenError::Directory`] otherwise.
+    pub fn open(path: &Path, config: StoreConfig) -> Result<Store, OpenError> {
+        Self::open_at_version(path, config, SCHEMA_VERSION)
+    }
+
+    /// Opens a database migrated only up to `version`. For tests that write fixtures of older
+    /// schema versions; the hub itself always uses [`Store::open`].
+    #[doc(hidden)]
+    pub fn open_at_version(
+        path: &Path,
+        config: StoreConfig,
+        version: u32,
+    ) -> Result<Store, OpenError> {
+        let raw = raw::Raw::open(path, config.durability, version)?;
+        let partitions = if version >= 3 {
+            let count = match raw.get_record::<u16>(
+                ferrohub_migrations::cf::D2C_STATE,
+                keys::d2c::PARTITION_COUNT,
+            )? {
+                Some(n) => n,
+                None => {
+                    let n = config.d2c_partitions.clamp(1, 32);
+                    let mut batch = raw::Batch::default();
+                    batch.put_record(
+                        ferrohub_migrations::cf::D2C_STATE,
+                        keys::d2c::PARTITION_COUNT.to_vec(),
+                        &n,
+                    );
+                    raw.commit(batch)?;
+                    n
+                }
+            };
+            d2c::Partitions::load(&raw, count)?
+        } else {
+            d2c::Partitions::load(&raw, 0)?
+        };
+        Ok(Store {
+            raw,
+            stripes: stripes::Stripes::new(),
+            partitions,
+            hub_lock: Mutex::new(()),
+        })
+    }
+
+    /// Opens an existing, current database read-only; works while another process serves it.
+    ///
+    /// # Errors
+    /// [`OpenError`] when there is no database, or it is not at [`SCHEMA_VERSION`].
+    pub fn open_read_only(path: &Path) -> Result<Store, OpenError> {
+        let raw = raw::Raw::open_read_only(path)?;
+        let count = raw
+            .get_record::<u16>(
+                ferrohub_migrations::cf::D2C_STATE,
+                keys::d2c::PARTITION_COUNT,
+            )?
+            .unwrap_or(0);
+        let partitions = d2c::Partitions::load(&raw, count)?;
+        Ok(Store {
+            raw,
+            stripes: stripes::Stripes::new(),
+            partitions,
+            hub_lock: Mutex::new(()),
+        })
+    }
+
+    /// How many commits and how many RocksDB writes (syncs) there have been.
+    pub fn commit_stats(&self) -> CommitStats {
+        self.raw.commit_stats()
+    }
+
+    /// Finishes queued writes, syncs and flushes. Later writes fail with [`StorageError::Closed`].
+    ///
+    /// # Errors
+    /// [`StorageError::Backend`] when the final flush fails.
+    pub fn close(&self) -> Result<(), StorageError> {
+        self.raw.flush()
+    }
+}

@@ -1,0 +1,217 @@
+//! Group commit: one thread turns every batch that is waiting into one RocksDB write with one
+//! WAL sync, then acknowledges each waiter.
+//!
+//! # Invariants
+//! - A caller of [`Committer::commit`] returns `Ok` only after the write that contains its
+//!   batch has completed (and, in synced mode, after that write's WAL sync).
+//! - A group is one RocksDB `WriteBatch`, so it is atomic as a whole; each caller's batch is
+//!   therefore atomic too.
+//! - After a failed write the committer is poisoned: every later commit fails with
+//!   [`StorageError::Poisoned`] until the process restarts and RocksDB recovers from its WAL.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+use rocksdb::{WriteBatch, WriteOptions, DB};
+
+use super::{Batch, Durability, Op};
+use crate::error::StorageError;
+
+/// Most batches folded into one write. Bounds the latency of the first waiter in a group.
+const MAX_GROUP: usize = 1024;
+/// Waiting batches beyond this make `commit` block: backpressure instead of unbounded memory.
+const QUEUE_DEPTH: usize = 8192;
+
+/// Counters that show group commit at work: `commits / writes` is the mean group size.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Batches acknowledged.
+    pub commits: u64,
+    /// RocksDB writes (each with one sync in synced mode).
+    pub writes: u64,
+}
+
+/// A submitted batch; [`Ticket::wait`] returns once its write is durable (or failed).
+#[must_use = "a submitted batch is acknowledged only by waiting on its ticket"]
+pub(crate) struct Ticket {
+    done: Receiver<Result<(), StorageError>>,
+}
+
+impl Ticket {
+    pub(crate) fn wait(self) -> Result<(), StorageError> {
+        self.done.recv().map_err(|_| StorageError::Closed)?
+    }
+}
+
+/// Called on the commit thread once the batch's write is durable (or failed). Must be quick.
+pub type CommitCallback = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
+
+enum Reply {
+    Waiter(SyncSender<Result<(), StorageError>>),
+    Callback(CommitCallback),
+}
+
+impl Reply {
+    fn send(self, r: Result<(), StorageError>) {
+        match self {
+            // A waiter that gave up (dropped its receiver) is not an error here.
+            Reply::Waiter(tx) => drop(tx.send(r)),
+            Reply::Callback(f) => f(r),
+        }
+    }
+}
+
+struct Pending {
+    batch: Batch,
+    reply: Reply,
+}
+
+#[derive(Default)]
+struct Shared {
+    commits: AtomicU64,
+    writes: AtomicU64,
+    poisoned: AtomicBool,
+}
+
+pub(crate) struct Committer {
+    tx: Mutex<Option<SyncSender<Pending>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    shared: Arc<Shared>,
+}
+
+impl Committer {
+    pub(crate) fn start(db: Arc<DB>, durability: Durability) -> Committer {
+        let (tx, rx) = sync_channel(QUEUE_DEPTH);
+        let shared = Arc::new(Shared::default());
+        let worker_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("ferrohub-commit".into())
+            .spawn(move || run(db, durability, rx, worker_shared))
+            .expect("spawning the commit thread");
+        Committer {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+            shared,
+        }
+    }
+
+    pub(crate) fn commit(&self, batch: Batch) -> Result<(), StorageError> {
+        self.submit(batch)?.wait()
+    }
+
+    /// Queues a batch and returns at once. Batches are written in the order they are
+    /// submitted, so a caller that holds a lock across `submit` (not `wait`) orders its writes.
+    pub(crate) fn submit(&self, batch: Batch) -> Result<Ticket, StorageError> {
+        let (reply, done) = sync_channel(1);
+        self.enqueue(Pending {
+            batch,
+            reply: Reply::Waiter(reply),
+        })?;
+        Ok(Ticket { done })
+    }
+
+    /// Like [`Committer::submit`], but `done` runs on the commit thread when the write is
+    /// durable, so async callers need no blocking thread to wait.
+    pub(crate) fn submit_with(
+        &self,
+        batch: Batch,
+        done: CommitCallback,
+    ) -> Result<(), StorageError> {
+        self.enqueue(Pending {
+            batch,
+            reply: Reply::Callback(done),
+        })
+    }
+
+    fn enqueue(&self, pending: Pending) -> Result<(), StorageError> {
+        if self.shared.poisoned.load(Ordering::Acquire) {
+            return Err(StorageError::Poisoned);
+        }
+        // Clone the sender so the lock is not held while blocked on a full queue.
+        let tx = self.tx.lock().clone().ok_or(StorageError::Closed)?;
+        // Blocks when QUEUE_DEPTH batches wait: the backpressure point.
+        tx.send(pending).map_err(|_| StorageError::Closed)
+    }
+
+    pub(crate) fn stats(&self) -> CommitStats {
+        CommitStats {
+            commits: self.shared.commits.load(Ordering::Relaxed),
+            writes: self.shared.writes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops accepting commits, lets the thread finish what is queued, and joins it.
+    pub(crate) fn shutdown(&self) {
+        self.tx.lock().take();
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn run(db: Arc<DB>, durability: Durability, rx: Receiver<Pending>, shared: Arc<Shared>) {
+    let mut wo = WriteOptions::default();
+    wo.set_sync(durability == Durability::Synced);
+    while let Ok(first) = rx.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(p) => group.push(p),
+                Err(_) => break,
+            }
+        }
+        let result = write_group(&db, &wo, &group, &shared);
+        shared
+            .commits
+            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        for p in group {
+            p.reply.send(result.clone());
+        }
+    }
+}
+
+fn write_group(
+    db: &DB,
+    wo: &WriteOptions,
+    group: &[Pending],
+    shared: &Shared,
+) -> Result<(), StorageError> {
+    if shared.poisoned.load(Ordering::Acquire) {
+        return Err(StorageError::Poisoned);
+    }
+    let mut wb = WriteBatch::default();
+    for p in group {
+        for op in &p.batch.ops {
+            let (Op::Put { cf, .. }
+            | Op::Delete { cf, .. }
+            | Op::Merge { cf, .. }
+            | Op::DeleteRange { cf, .. }) = op;
+            let Some(h) = db.cf_handle(cf) else {
+                return Err(StorageError::Backend(format!(
+                    "column family {cf} is missing"
+                )));
+            };
+            match op {
+                Op::Put { key, value, .. } => wb.put_cf(h, key, value),
+                Op::Delete { key, .. } => wb.delete_cf(h, key),
+                Op::Merge { key, value, .. } => wb.merge_cf(h, key, value),
+                Op::DeleteRange { from, to, .. } => wb.delete_range_cf(h, from, to),
+            }
+        }
+    }
+    shared.writes.fetch_add(1, Ordering::Relaxed);
+    db.write_opt(wb, wo).map_err(|e| {
+        shared.poisoned.store(true, Ordering::Release);
+        tracing::error!(error = %e, "durable write failed; refusing further writes");
+        StorageError::Backend(e.into_string())
+    })
+}

@@ -1,0 +1,92 @@
+//! Adapter that lets `ferrohub-migrations` steps act on the RocksDB database at open time.
+
+use ferrohub_migrations::{cf, record, MigrationError, SchemaTarget, VERSION_KEY};
+use rocksdb::{IteratorMode, WriteBatch, WriteOptions, DB};
+
+use super::cf_options;
+use crate::error::StorageError;
+
+/// Reads the schema version; 0 for a database that has never been initialised.
+pub(super) fn read_version(db: &DB) -> Result<u32, StorageError> {
+    let Some(meta) = db.cf_handle(cf::META) else {
+        return Ok(0);
+    };
+    match db
+        .get_cf(meta, VERSION_KEY)
+        .map_err(|e| StorageError::Backend(e.into_string()))?
+    {
+        None => Ok(0),
+        Some(bytes) => record::decode::<u32>(&bytes).map_err(|e| StorageError::Corruption {
+            cf: cf::META,
+            key: crate::error::KeyDisplay(VERSION_KEY.to_vec()),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+pub(super) struct Target<'a> {
+    db: &'a mut DB,
+    staged: Vec<(String, Vec<u8>, Vec<u8>)>,
+}
+
+impl<'a> Target<'a> {
+    pub(super) fn new(db: &'a mut DB) -> Self {
+        Target {
+            db,
+            staged: Vec::new(),
+        }
+    }
+}
+
+fn storage(e: rocksdb::Error) -> MigrationError {
+    MigrationError::Storage(e.into_string())
+}
+
+impl SchemaTarget for Target<'_> {
+    fn ensure_column_family(&mut self, name: &str) -> Result<(), MigrationError> {
+        if self.db.cf_handle(name).is_none() {
+            self.db
+                .create_cf(name, &cf_options(name))
+                .map_err(storage)?;
+        }
+        Ok(())
+    }
+
+    fn scan(
+        &self,
+        cf: &str,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), MigrationError>,
+    ) -> Result<(), MigrationError> {
+        let Some(handle) = self.db.cf_handle(cf) else {
+            return Ok(());
+        };
+        for item in self.db.iterator_cf(handle, IteratorMode::Start) {
+            let (k, v) = item.map_err(storage)?;
+            visit(&k, &v)?;
+        }
+        Ok(())
+    }
+
+    fn stage_put(&mut self, cf: &str, key: &[u8], value: Vec<u8>) {
+        self.staged.push((cf.to_string(), key.to_vec(), value));
+    }
+
+    fn commit(&mut self, version: u32) -> Result<(), MigrationError> {
+        let mut batch = WriteBatch::default();
+        for (cf, key, value) in self.staged.drain(..) {
+            let handle = self
+                .db
+                .cf_handle(&cf)
+                .ok_or_else(|| MigrationError::Storage(format!("column family {cf} missing")))?;
+            batch.put_cf(handle, key, value);
+        }
+        let meta = self
+            .db
+            .cf_handle(cf::META)
+            .ok_or_else(|| MigrationError::Storage("column family meta missing".into()))?;
+        batch.put_cf(meta, VERSION_KEY, record::encode(&version));
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db.write_opt(batch, &wo).map_err(storage)
+    }
+}

@@ -1,0 +1,346 @@
+//! The only module that names `rocksdb::`: opening the database with its column families,
+//! point reads, ordered scans, the schema-migration adapter and the group committer.
+//!
+//! # Invariants
+//! - Every value read through [`Raw::get_record`] or [`Raw::scan_records`] has passed its
+//!   checksum; a failure is [`StorageError::Corruption`] naming the column family and key.
+//! - Writes happen only through [`Raw::commit`] (one atomic batch, durable before it returns in
+//!   [`Durability::Synced`] mode) or through the migration adapter before the store is shared.
+
+mod commit;
+mod migrate;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ferrohub_migrations::{cf, m0002_registry_counters::DeviceCounters, record};
+use rocksdb::{
+    ColumnFamilyDescriptor, Direction, IteratorMode, MergeOperands, Options, ReadOptions, DB,
+};
+use serde::de::DeserializeOwned;
+
+pub use commit::CommitCallback;
+pub use commit::CommitStats;
+use commit::Committer;
+pub(crate) use commit::Ticket;
+
+use crate::error::{KeyDisplay, OpenError, StorageError};
+
+/// How commits reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Every acknowledged commit is in a synced WAL (group commit shares the sync).
+    #[default]
+    Synced,
+    /// The WAL is written but not synced per commit: a machine crash may lose recent commits.
+    /// Never the default; for development and benchmarks of the non-durable path.
+    Relaxed,
+}
+
+/// One staged change inside a [`Batch`].
+#[derive(Debug)]
+pub(crate) enum Op {
+    Put {
+        cf: &'static str,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Delete {
+        cf: &'static str,
+        key: Vec<u8>,
+    },
+    Merge {
+        cf: &'static str,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    /// Deletes every key in `[from, to)`: one range tombstone, for bulk retention.
+    DeleteRange {
+        cf: &'static str,
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
+}
+
+/// Changes that commit atomically, or not at all.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub(crate) ops: Vec<Op>,
+}
+
+impl Batch {
+    pub(crate) fn put_record<T: serde::Serialize>(
+        &mut self,
+        cf: &'static str,
+        key: Vec<u8>,
+        value: &T,
+    ) {
+        self.ops.push(Op::Put {
+            cf,
+            key,
+            value: record::encode(value),
+        });
+    }
+    pub(crate) fn put_framed(&mut self, cf: &'static str, key: Vec<u8>, framed: Vec<u8>) {
+        self.ops.push(Op::Put {
+            cf,
+            key,
+            value: framed,
+        });
+    }
+    pub(crate) fn delete_range(&mut self, cf: &'static str, from: Vec<u8>, to: Vec<u8>) {
+        self.ops.push(Op::DeleteRange { cf, from, to });
+    }
+    pub(crate) fn delete(&mut self, cf: &'static str, key: Vec<u8>) {
+        self.ops.push(Op::Delete { cf, key });
+    }
+    pub(crate) fn merge_counters(&mut self, key: &[u8], delta: DeviceCounters) {
+        if delta != DeviceCounters::default() {
+            self.ops.push(Op::Merge {
+                cf: cf::COUNTERS,
+                key: key.to_vec(),
+                value: record::encode(&delta),
+            });
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// The database handle shared by all domain modules.
+pub(crate) struct Raw {
+    db: Arc<DB>,
+    /// `None` for a read-only handle.
+    committer: Option<Committer>,
+}
+
+/// Column families the engine knows, each with its options.
+fn cf_options(name: &str) -> Options {
+    let mut opts = Options::default();
+    if name == cf::COUNTERS {
+        opts.set_merge_operator_associative("ferrohub_add_counters", add_counters);
+    }
+    opts
+}
+
+/// Merge operator for [`DeviceCounters`]: sums framed operands. Returns `None` (RocksDB then
+/// reports corruption on read) if any operand fails its checksum.
+fn add_counters(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
+    let mut sum: DeviceCounters = match existing {
+        Some(v) => record::decode(v).ok()?,
+        None => DeviceCounters::default(),
+    };
+    for op in operands {
+        let d: DeviceCounters = record::decode(op).ok()?;
+        sum.total += d.total;
+        sum.enabled += d.enabled;
+        sum.disabled += d.disabled;
+    }
+    Some(record::encode(&sum))
+}
+
+fn backend(e: rocksdb::Error) -> StorageError {
+    StorageError::Backend(e.into_string())
+}
+
+impl Raw {
+    /// Opens (creating if needed) the database and migrates it to `target_version`.
+    pub(crate) fn open(
+        path: &Path,
+        durability: Durability,
+        target_version: u32,
+    ) -> Result<Raw, OpenError> {
+        std::fs::create_dir_all(path).map_err(|e| OpenError::Directory {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let mut db_opts = Options::default();
+        db_opts.create_if_missing(true);
+        db_opts.create_missing_column_families(true);
+        // Group commit gives durability; RocksDB's own per-write sync stays per call.
+        db_opts.set_max_total_wal_size(256 << 20);
+        let existing = DB::list_cf(&db_opts, path).unwrap_or_else(|_| vec!["default".to_string()]);
+        let descriptors: Vec<_> = existing
+            .iter()
+            .map(|name| ColumnFamilyDescriptor::new(name, cf_options(name)))
+            .collect();
+        let mut db = DB::open_cf_descriptors(&db_opts, path, descriptors).map_err(backend)?;
+        let current = migrate::read_version(&db)?;
+        let mut target = migrate::Target::new(&mut db);
+        ferrohub_migrations::migrate(&mut target, current, target_version, &mut |v, name| {
+            tracing::info!(version = v, name, "applying storage migration");
+        })?;
+        let db = Arc::new(db);
+        let committer = Committer::start(Arc::clone(&db), durability);
+        Ok(Raw {
+            db,
+            committer: Some(committer),
+        })
+    }
+
+    /// Opens an existing database for reading only, beside a process that may be writing it.
+    /// The database must already be at [`ferrohub_migrations::LATEST_VERSION`].
+    pub(crate) fn open_read_only(path: &Path) -> Result<Raw, OpenError> {
+        let db_opts = Options::default();
+        let existing = DB::list_cf(&db_opts, path).map_err(|e| OpenError::Directory {
+            path: path.display().to_string(),
+            reason: format!("no database here ({})", e.into_string()),
+        })?;
+        let descriptors: Vec<_> = existing
+            .iter()
+            .map(|name| ColumnFamilyDescriptor::new(name, cf_options(name)))
+            .collect();
+        let db = DB::open_cf_descriptors_read_only(&db_opts, path, descriptors, false)
+            .map_err(backend)?;
+        let version = migrate::read_version(&db)?;
+        let latest = ferrohub_migrations::LATEST_VERSION;
+        if version > latest {
+            return Err(ferrohub_migrations::MigrationError::TooNew {
+                found: version,
+                latest,
+            }
+            .into());
+        }
+        if version < latest {
+            return Err(OpenError::Directory {
+                path: path.display().to_string(),
+                reason: format!("the database is at schema version {version}; start `ferrohub serve` once to migrate it to {latest}"),
+            });
+        }
+        Ok(Raw {
+            db: Arc::new(db),
+            committer: None,
+        })
+    }
+
+    fn handle(&self, cf: &'static str) -> Result<&rocksdb::ColumnFamily, StorageError> {
+        self.db
+            .cf_handle(cf)
+            .ok_or_else(|| StorageError::Backend(format!("column family {cf} is missing")))
+    }
+
+    /// Reads and checks one record.
+    pub(crate) fn get_record<T: DeserializeOwned>(
+        &self,
+        cf: &'static str,
+        key: &[u8],
+    ) -> Result<Option<T>, StorageError> {
+        let handle = self.handle(cf)?;
+        let bytes = self
+            .db
+            .get_pinned_cf(handle, key)
+            .map_err(|e| self.classify(cf, key, e))?;
+        match bytes {
+            None => Ok(None),
+            Some(b) => decode_checked(cf, key, &b).map(Some),
+        }
+    }
+
+    /// Visits records with keys in `[from, until)` in key order; `visit` returns false to stop.
+    pub(crate) fn scan_records<T: DeserializeOwned>(
+        &self,
+        cf: &'static str,
+        from: &[u8],
+        until: Option<Vec<u8>>,
+        mut visit: impl FnMut(&[u8], T) -> bool,
+    ) -> Result<(), StorageError> {
+        let handle = self.handle(cf)?;
+        let mut ro = ReadOptions::default();
+        if let Some(end) = until {
+            ro.set_iterate_upper_bound(end);
+        }
+        for item in
+            self.db
+                .iterator_cf_opt(handle, ro, IteratorMode::From(from, Direction::Forward))
+        {
+            let (k, v) = item.map_err(|e| self.classify(cf, from, e))?;
+            let value = decode_checked(cf, &k, &v)?;
+            if !visit(&k, value) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits a batch atomically; with [`Durability::Synced`] it is on disk when this returns.
+    /// Blocks the calling thread while the group's sync runs.
+    pub(crate) fn commit(&self, batch: Batch) -> Result<(), StorageError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.committer
+            .as_ref()
+            .ok_or(StorageError::ReadOnly)?
+            .commit(batch)
+    }
+
+    /// Queues a batch in commit order without waiting; see [`Ticket::wait`].
+    pub(crate) fn submit(&self, batch: Batch) -> Result<Ticket, StorageError> {
+        self.committer
+            .as_ref()
+            .ok_or(StorageError::ReadOnly)?
+            .submit(batch)
+    }
+
+    /// Queues a batch; `done` runs on the commit thread once it is durable.
+    pub(crate) fn submit_with(
+        &self,
+        batch: Batch,
+        done: CommitCallback,
+    ) -> Result<(), StorageError> {
+        self.committer
+            .as_ref()
+            .ok_or(StorageError::ReadOnly)?
+            .submit_with(batch, done)
+    }
+
+    pub(crate) fn commit_stats(&self) -> CommitStats {
+        self.committer
+            .as_ref()
+            .map(Committer::stats)
+            .unwrap_or_default()
+    }
+
+    /// Flushes memtables so the next open replays little WAL. Called on clean shutdown.
+    pub(crate) fn flush(&self) -> Result<(), StorageError> {
+        let Some(committer) = &self.committer else {
+            return Ok(());
+        };
+        committer.shutdown();
+        self.db.flush_wal(true).map_err(backend)?;
+        for name in cf::ALL {
+            if let Some(h) = self.db.cf_handle(name) {
+                self.db.flush_cf(h).map_err(backend)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn classify(&self, cf: &'static str, key: &[u8], e: rocksdb::Error) -> StorageError {
+        if e.kind() == rocksdb::ErrorKind::Corruption {
+            StorageError::Corruption {
+                cf,
+                key: KeyDisplay(key.to_vec()),
+                reason: e.into_string(),
+            }
+        } else {
+            backend(e)
+        }
+    }
+}
+
+fn decode_checked<T: DeserializeOwned>(
+    cf: &'static str,
+    key: &[u8],
+    bytes: &[u8],
+) -> Result<T, StorageError> {
+    record::decode(bytes).map_err(|e| {
+        tracing::error!(cf, key = %KeyDisplay(key.to_vec()), error = %e, "corrupt record");
+        StorageError::Corruption {
+            cf,
+            key: KeyDisplay(key.to_vec()),
+            reason: e.to_string(),
+        }
+    })
+}

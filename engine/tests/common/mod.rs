@@ -1,0 +1,39 @@
+//! Helpers shared by the engine's integration tests.
+#![allow(dead_code)]
+
+use ferrohub_engine::model::{IdentitySpec, Status, UnixMillis};
+use ferrohub_engine::{Store, StoreConfig};
+use std::path::Path;
+
+pub const T0: UnixMillis = UnixMillis(1_700_000_000_000);
+
+pub fn open(dir: &Path) -> Store {
+    Store::open(dir, StoreConfig::default()).expect("open store")
+}
+
+pub fn disabled(reason: &str) -> IdentitySpec {
+    IdentitySpec {
+        status: Status::Disabled,
+        status_reason: Some(reason.into()),
+        ..IdentitySpec::default()
+    }
+}
+
+/// Opens the raw RocksDB database with every column family, for tests that must bypass the
+/// engine (fixtures, deliberate damage).
+pub fn raw_db(dir: &Path) -> rocksdb::DB {
+    let mut opts = rocksdb::Options::default();
+    opts.create_if_missing(true);
+    let cfs = rocksdb::DB::list_cf(&opts, dir).expect("list column families");
+    let descriptors = cfs.iter().map(|n| {
+        let mut o = rocksdb::Options::default();
+        if n == "counters" {
+            // Reads of merged counters are not needed by these tests; a no-op keeps RocksDB happy.
+            o.set_merge_operator_associative("ferrohub_add_counters", |_, e, _| {
+                e.map(|v| v.to_vec())
+            });
+        }
+        rocksdb::ColumnFamilyDescriptor::new(n, o)
+    });
+    rocksdb::DB::open_cf_descriptors(&opts, dir, descriptors).expect("open raw db")
+}

@@ -1,0 +1,144 @@
+//! ferrohub storage schema: the record frame, the schema version, and the ordered steps that
+//! bring a database from any earlier version to [`LATEST_VERSION`].
+//!
+//! # Layout
+//! - [`record`]: the checksummed record frame every stored value uses.
+//! - [`SchemaTarget`]: what a step may do to a database. The engine implements it over RocksDB;
+//!   this crate never names RocksDB, so steps stay testable and the engine stays the only owner
+//!   of the database.
+//! - `m0001_initial`, `m0002_registry_counters`, ...: one file per step.
+//!
+//! # Invariants
+//! - Versions are dense, start at 1, and each step moves exactly one version forward.
+//! - A step is idempotent: a crash between its work and the version bump re-runs it safely,
+//!   because the staged writes and the new version commit in one atomic, synced batch.
+//! - A database whose recorded version is newer than [`LATEST_VERSION`] is never touched.
+//!
+//! This crate does not open databases, decide column family options or run anything by itself.
+
+pub mod record;
+
+mod m0001_initial;
+pub mod m0002_registry_counters;
+mod m0003_telemetry;
+
+/// Column family names as they exist on disk. Steps and the engine use these constants only.
+pub mod cf {
+    /// Schema version and hub-wide settings (hub name, policies).
+    pub const META: &str = "meta";
+    /// Device identities, keyed by device id.
+    pub const DEVICES: &str = "devices";
+    /// Module identities, keyed by device id then module id.
+    pub const MODULES: &str = "modules";
+    /// Registry statistics as merge-operator counters (since version 2).
+    pub const COUNTERS: &str = "counters";
+    /// D2C events, keyed by partition then sequence number (since version 3).
+    pub const D2C_EVENTS: &str = "d2c_events";
+    /// D2C partition heads, consumer groups and checkpoints (since version 3).
+    pub const D2C_STATE: &str = "d2c_state";
+    /// Persistent MQTT sessions (CleanSession=0), keyed by client id (since version 3).
+    pub const SESSIONS: &str = "sessions";
+
+    /// Every column family of the latest version.
+    pub const ALL: [&str; 7] = [
+        META, DEVICES, MODULES, COUNTERS, D2C_EVENTS, D2C_STATE, SESSIONS,
+    ];
+}
+
+/// Key of the schema version in [`cf::META`]; the value is a framed `u32`.
+pub const VERSION_KEY: &[u8] = b"schema_version";
+
+/// Errors a step or the runner can report.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    #[error("database is at schema version {found}, newer than this build understands ({latest}); use a newer ferrohub")]
+    TooNew { found: u32, latest: u32 },
+    #[error("migration m{version:04} ({name}) failed: {reason}")]
+    Step {
+        version: u32,
+        name: &'static str,
+        reason: String,
+    },
+    #[error("storage error during migration: {0}")]
+    Storage(String),
+}
+
+/// What a migration step may do. Writes are staged and committed by [`SchemaTarget::commit`]
+/// atomically with the new version.
+pub trait SchemaTarget {
+    /// Creates a column family if it does not exist yet.
+    fn ensure_column_family(&mut self, name: &str) -> Result<(), MigrationError>;
+    /// Visits every key and raw (framed) value of a column family in key order.
+    fn scan(
+        &self,
+        cf: &str,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), MigrationError>,
+    ) -> Result<(), MigrationError>;
+    /// Stages a put of a raw (already framed) value.
+    fn stage_put(&mut self, cf: &str, key: &[u8], value: Vec<u8>);
+    /// Commits the staged writes together with `version` as the new schema version, durably.
+    fn commit(&mut self, version: u32) -> Result<(), MigrationError>;
+}
+
+/// One schema step.
+pub struct Migration {
+    pub version: u32,
+    pub name: &'static str,
+    pub apply: fn(&mut dyn SchemaTarget) -> Result<(), MigrationError>,
+}
+
+/// Every step, in order.
+pub const MIGRATIONS: &[Migration] = &[
+    m0001_initial::MIGRATION,
+    m0002_registry_counters::MIGRATION,
+    m0003_telemetry::MIGRATION,
+];
+
+/// The version this build writes.
+pub const LATEST_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// Progress callback: `(version, name)` just before a step runs.
+pub type Progress<'a> = &'a mut dyn FnMut(u32, &'static str);
+
+/// Brings a database at `current` (0 = empty) up to `target`, committing after each step.
+///
+/// # Errors
+/// [`MigrationError::TooNew`] when `current > LATEST_VERSION` (nothing is changed), or the first
+/// failing step's error (earlier steps stay committed; re-running resumes after them).
+pub fn migrate(
+    db: &mut dyn SchemaTarget,
+    current: u32,
+    target: u32,
+    progress: Progress<'_>,
+) -> Result<u32, MigrationError> {
+    if current > LATEST_VERSION {
+        return Err(MigrationError::TooNew {
+            found: current,
+            latest: LATEST_VERSION,
+        });
+    }
+    let target = target.min(LATEST_VERSION);
+    let mut version = current;
+    for step in MIGRATIONS
+        .iter()
+        .filter(|m| m.version > current && m.version <= target)
+    {
+        progress(step.version, step.name);
+        (step.apply)(db)?;
+        db.commit(step.version)?;
+        version = step.version;
+    }
+    Ok(version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_dense_and_ordered() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as u32 + 1, "{}", m.name);
+        }
+    }
+}

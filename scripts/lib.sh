@@ -1,0 +1,39 @@
+# Shared by the set-up scripts. Sourced, not run.
+# Installs what the build and the tests need on a fresh Debian machine with the Rust toolchain,
+# and keeps one cargo target directory outside the clone so CI on the same machine reuses the
+# (slow, C++) RocksDB build.
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ferrohub/target}"
+FERROHUB_VENV="${FERROHUB_VENV:-$HOME/.cache/ferrohub/venv}"
+export FERROHUB_BIN="$CARGO_TARGET_DIR/release/ferrohub"
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# apt packages, installed only when missing.
+ensure_apt() {
+    local missing=()
+    for p in "$@"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "installing: ${missing[*]}" >&2
+        as_root apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >&2
+    fi
+}
+
+# RocksDB's bindings need libclang; its C++ needs a compiler.
+ensure_build_deps() {
+    ensure_apt libclang-dev clang g++ make
+}
+
+# A virtualenv with the official Azure IoT SDKs the end-to-end suites drive.
+ensure_python_env() {
+    if ! python3 -m venv --help >/dev/null 2>&1; then ensure_apt python3-venv; fi
+    if [ ! -x "$FERROHUB_VENV/bin/python" ]; then
+        python3 -m venv "$FERROHUB_VENV"
+    fi
+    "$FERROHUB_VENV/bin/pip" install -q --disable-pip-version-check -r tests/python/requirements.txt
+}

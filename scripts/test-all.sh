@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs every test: the Rust unit and integration tests, then the end-to-end suites that drive a
+# real ferrohub process with raw HTTPS and with the official Azure IoT SDKs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+ensure_build_deps
+ensure_python_env
+
+# One cargo invocation shape everywhere (workspace, all targets): a different package or target
+# selection changes feature unification and would rebuild RocksDB's C++ from scratch.
+# --all-targets also runs each criterion bench once as a smoke test (no measurement).
+cargo test --release --workspace --all-targets
+
+"$FERROHUB_VENV/bin/python" -m pytest -q -c tests/python/pytest.ini tests/python

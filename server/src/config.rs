@@ -1,0 +1,204 @@
+//! Node configuration (P-4, P-5): defaults, then the TOML file, then command-line flags.
+//!
+//! Hub name and host name take effect when a data directory is initialised; afterwards the
+//! values stored in the hub win (the server certificate and policies were made for them).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub mod defaults {
+    use std::time::Duration;
+
+    pub const HUB_NAME: &str = "ferrohub";
+    pub const HOST_NAME: &str = "localhost";
+    pub const HTTPS_ADDR: &str = "0.0.0.0:443";
+    pub const MQTT_ADDR: &str = "0.0.0.0:8883";
+    pub const D2C_PARTITIONS: u16 = 4;
+    /// IoT Hub's default retention of device-to-cloud events.
+    pub const D2C_RETENTION: Duration = Duration::from_secs(86_400);
+    pub const RETENTION_CHECK_INTERVAL: Duration = Duration::from_secs(3_600);
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("config file {path} is invalid: {reason}")]
+    Parse { path: PathBuf, reason: String },
+    #[error("invalid setting {key}: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilitySetting {
+    #[default]
+    Synced,
+    Relaxed,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HubSection {
+    /// Name of a new hub.
+    pub name: String,
+    /// Host name devices and services use; the server certificate is made for it.
+    pub host_name: String,
+}
+
+impl Default for HubSection {
+    fn default() -> Self {
+        HubSection {
+            name: defaults::HUB_NAME.into(),
+            host_name: defaults::HOST_NAME.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenersSection {
+    /// HTTPS: the REST API and MQTT over WebSocket.
+    pub https: SocketAddr,
+    /// MQTT over TLS.
+    pub mqtt: SocketAddr,
+}
+
+impl Default for ListenersSection {
+    fn default() -> Self {
+        ListenersSection {
+            https: defaults::HTTPS_ADDR.parse().expect("valid default address"),
+            mqtt: defaults::MQTT_ADDR.parse().expect("valid default address"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct D2cSection {
+    /// Partitions of a new hub (1 to 32); fixed once the hub exists.
+    pub partitions: u16,
+    /// How long events are kept: 1 to 7 days (shorter only with `development.allow_short_retention`).
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// How often the retention pass runs.
+    #[serde(with = "humantime_serde")]
+    pub retention_check_interval: Duration,
+}
+
+impl Default for D2cSection {
+    fn default() -> Self {
+        D2cSection {
+            partitions: defaults::D2C_PARTITIONS,
+            retention: defaults::D2C_RETENTION,
+            retention_check_interval: defaults::RETENTION_CHECK_INTERVAL,
+        }
+    }
+}
+
+/// Settings for development and tests only.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct DevelopmentSection {
+    /// Allows a D2C retention under one day (tests shorten it to seconds).
+    pub allow_short_retention: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageSection {
+    /// `synced` (every acknowledgement is on disk) or `relaxed` (development only).
+    pub durability: DurabilitySetting,
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub hub: HubSection,
+    pub listeners: ListenersSection,
+    pub storage: StorageSection,
+    pub d2c: D2cSection,
+    pub development: DevelopmentSection,
+}
+
+impl Config {
+    /// Reads a TOML file; missing sections and keys take their defaults.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.into(),
+            reason: e.to_string(),
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Checks ranges the types cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let day = Duration::from_secs(86_400);
+        let r = self.d2c.retention;
+        if r > 7 * day || (r < day && !self.development.allow_short_retention) || r.is_zero() {
+            return Err(ConfigError::Invalid {
+                key: "d2c.retention",
+                reason: format!("{} is outside 1 to 7 days", humantime::format_duration(r)),
+            });
+        }
+        if !(1..=32).contains(&self.d2c.partitions) {
+            return Err(ConfigError::Invalid {
+                key: "d2c.partitions",
+                reason: "must be 1 to 32".into(),
+            });
+        }
+        if self.d2c.retention_check_interval.is_zero() {
+            return Err(ConfigError::Invalid {
+                key: "d2c.retention_check_interval",
+                reason: "must be positive".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c: Config = toml::from_str("[listeners]\nhttps = \"127.0.0.1:8443\"\n").unwrap();
+        assert_eq!(c.listeners.https.port(), 8443);
+        assert_eq!(c.hub.host_name, "localhost");
+        assert_eq!(c.storage.durability, DurabilitySetting::Synced);
+    }
+
+    #[test]
+    fn retention_range() {
+        let mut c = Config::default();
+        assert!(c.validate().is_ok());
+        c.d2c.retention = Duration::from_secs(2);
+        assert!(c.validate().is_err());
+        c.development.allow_short_retention = true;
+        assert!(c.validate().is_ok());
+        c.d2c.retention = Duration::from_secs(8 * 86_400);
+        assert!(c.validate().is_err());
+        let parsed: Config = toml::from_str("[d2c]\nretention = \"3days\"\n").unwrap();
+        assert_eq!(parsed.d2c.retention, Duration::from_secs(3 * 86_400));
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        assert!(toml::from_str::<Config>("[hub]\nhostname = \"x\"\n").is_err());
+    }
+
+    #[test]
+    fn sample_config_parses() {
+        let sample = include_str!("../../docs/config.sample.toml");
+        let c: Config = toml::from_str(sample).unwrap();
+        assert_eq!(c.listeners.https.port(), 443);
+    }
+}

@@ -1,0 +1,84 @@
+//! The HTTPS listener: TLS accept under a timeout, then HTTP/1.1 served by hyper with the warp
+//! route table (the REST API and MQTT over WebSocket share port 443).
+//!
+//! Each request carries the client's address and the shutdown signal in its extensions, so
+//! upgraded WebSocket connections know both. On shutdown the listener stops accepting and open
+//! HTTP connections finish their in-flight request.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use hyper::service::Service;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use warp::filters::BoxedFilter;
+
+use crate::rest::ws::{PeerAddr, ShutdownSignal};
+use crate::transport::accept::accept_loop;
+
+/// A TLS handshake that takes longer than this is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most concurrent HTTPS connections (WebSocket devices included).
+const MAX_CONNECTIONS: usize = 2048;
+
+pub async fn serve(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    routes: BoxedFilter<(warp::reply::Response,)>,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let inner = shutdown.clone();
+    accept_loop(
+        listener,
+        MAX_CONNECTIONS,
+        shutdown,
+        tracker,
+        move |tcp, peer| handle(tcp, peer, acceptor.clone(), routes.clone(), inner.clone()),
+    )
+    .await
+}
+
+async fn handle(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    routes: BoxedFilter<(warp::reply::Response,)>,
+    shutdown: CancellationToken,
+) {
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let warp_service = warp::service(routes);
+    let signal = ShutdownSignal(shutdown.clone());
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::Body>| {
+        req.extensions_mut().insert(PeerAddr(peer));
+        req.extensions_mut().insert(signal.clone());
+        let mut svc = warp_service.clone();
+        async move { svc.call(req).await }
+    });
+    let conn = hyper::server::conn::Http::new()
+        .http1_only(true)
+        .serve_connection(tls, service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r { tracing::debug!(%peer, error = %e, "HTTPS connection ended with an error"); }
+        }
+        _ = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(10), conn).await;
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! Who is connected right now: the only place that knows. One entry per client id (MQT-3):
+//! registering a client id that is already present kicks the older connection.
+//!
+//! # Invariants
+//! - At most one live registration per client id; a registration removes itself on drop only
+//!   if it is still the current one, so a superseded connection cannot evict its successor.
+//! - Kicking only signals; the connection task closes itself and runs its own clean-up.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+/// Why a connection was told to close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KickReason {
+    /// A newer connection with the same client id.
+    Replaced,
+    /// The identity was disabled or deleted.
+    IdentityChanged,
+}
+
+struct Entry {
+    id: u64,
+    device_id: String,
+    is_module: bool,
+    kick: CancellationToken,
+    reason: Arc<Mutex<Option<KickReason>>>,
+}
+
+#[derive(Default)]
+pub struct Connections {
+    entries: Mutex<HashMap<String, Entry>>,
+    next_id: AtomicU64,
+    connected_devices: AtomicU64,
+}
+
+/// A live connection's place in [`Connections`].
+pub struct Registration {
+    connections: Arc<Connections>,
+    client_id: String,
+    id: u64,
+    pub kicked: CancellationToken,
+    reason: Arc<Mutex<Option<KickReason>>>,
+}
+
+impl Registration {
+    pub fn kick_reason(&self) -> Option<KickReason> {
+        *self.reason.lock()
+    }
+
+    /// Whether this is still the client id's current connection.
+    pub fn is_current(&self) -> bool {
+        self.connections
+            .entries
+            .lock()
+            .get(&self.client_id)
+            .is_some_and(|e| e.id == self.id)
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut entries = self.connections.entries.lock();
+        if entries
+            .get(&self.client_id)
+            .is_some_and(|e| e.id == self.id)
+        {
+            if let Some(e) = entries.remove(&self.client_id) {
+                if !e.is_module {
+                    self.connections
+                        .connected_devices
+                        .fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+impl Connections {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Connections::default())
+    }
+
+    /// Registers a connection, kicking any older one with the same client id.
+    pub fn register(
+        self: &Arc<Self>,
+        client_id: &str,
+        device_id: &str,
+        is_module: bool,
+    ) -> Registration {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let kick = CancellationToken::new();
+        let reason = Arc::new(Mutex::new(None));
+        let entry = Entry {
+            id,
+            device_id: device_id.to_string(),
+            is_module,
+            kick: kick.clone(),
+            reason: Arc::clone(&reason),
+        };
+        let mut entries = self.entries.lock();
+        match entries.insert(client_id.to_string(), entry) {
+            Some(old) => {
+                *old.reason.lock() = Some(KickReason::Replaced);
+                old.kick.cancel();
+            }
+            None if !is_module => {
+                self.connected_devices.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {}
+        }
+        Registration {
+            connections: Arc::clone(self),
+            client_id: client_id.to_string(),
+            id,
+            kicked: kick,
+            reason,
+        }
+    }
+
+    /// Kicks the device's connection and those of all its modules.
+    pub fn kick_device(&self, device_id: &str) -> usize {
+        let entries = self.entries.lock();
+        let mut n = 0;
+        for e in entries.values().filter(|e| e.device_id == device_id) {
+            *e.reason.lock() = Some(KickReason::IdentityChanged);
+            e.kick.cancel();
+            n += 1;
+        }
+        n
+    }
+
+    /// Kicks one module's connection.
+    pub fn kick_client(&self, client_id: &str) {
+        if let Some(e) = self.entries.lock().get(client_id) {
+            *e.reason.lock() = Some(KickReason::IdentityChanged);
+            e.kick.cancel();
+        }
+    }
+
+    /// Devices (not modules) connected now.
+    pub fn connected_devices(&self) -> u64 {
+        self.connected_devices.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newer_connection_kicks_older_and_older_cannot_evict_it() {
+        let c = Connections::new();
+        let first = c.register("d", "d", false);
+        let second = c.register("d", "d", false);
+        assert!(first.kicked.is_cancelled());
+        assert_eq!(first.kick_reason(), Some(KickReason::Replaced));
+        assert!(!second.kicked.is_cancelled());
+        assert_eq!(c.connected_devices(), 1);
+        drop(first);
+        assert!(second.is_current());
+        assert_eq!(c.connected_devices(), 1);
+        drop(second);
+        assert_eq!(c.connected_devices(), 0);
+    }
+
+    #[test]
+    fn kick_device_reaches_modules() {
+        let c = Connections::new();
+        let d = c.register("d", "d", false);
+        let m = c.register("d/m", "d", true);
+        let other = c.register("d2", "d2", false);
+        assert_eq!(c.kick_device("d"), 2);
+        assert!(d.kicked.is_cancelled() && m.kicked.is_cancelled() && !other.kicked.is_cancelled());
+        assert_eq!(c.connected_devices(), 2);
+    }
+}

@@ -1,0 +1,30 @@
+//! ferrohub protocol layer: a thin shell of transports and protocols around the engine.
+//!
+//! # Layout
+//! - [`node`]: data-directory initialisation, serving, shutdown.
+//! - [`config`]: the TOML configuration and its defaults.
+//! - [`tls`]: the hub's CA and server certificate, rustls configuration.
+//! - [`https`]: the HTTPS listener (TLS accept, hyper, warp routes).
+//! - [`transport`]: the shared accept loop, MQTT over TLS, WebSocket as a byte stream.
+//! - [`mqtt`]: the MQTT device endpoint (framing, topics, property bags, sessions).
+//! - [`telemetry`]: device messages into stored events, with anti-spoofing stamps.
+//! - [`x509`]: client certificate checks (thumbprints, registered CAs).
+//! - [`rest`]: the IoT Hub service REST API.
+//! - [`auth`]: SAS tokens, scopes and permissions.
+//! - [`hub`]: the async seam to the engine.
+//!
+//! # What it is not
+//! This crate never touches RocksDB: all state goes through `ferrohub_engine::Store`, reached
+//! via [`hub::StoreHandle`].
+
+pub mod auth;
+pub mod config;
+pub mod https;
+pub mod hub;
+pub mod mqtt;
+pub mod node;
+pub mod rest;
+pub mod telemetry;
+pub mod tls;
+pub mod transport;
+pub mod x509;

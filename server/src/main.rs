@@ -1,0 +1,275 @@
+//! The `ferrohub` command: `serve` runs a hub node; `connection-string` prints credentials.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use ferrohub_engine::Store;
+use ferrohub_server::config::{Config, DurabilitySetting};
+use ferrohub_server::node::{self, db_path, policy_connection_string};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "ferrohub",
+    version,
+    about = "A self-hosted hub that speaks the Azure IoT Hub protocols"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a hub node; initialises DIR on first start.
+    Serve {
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+        /// TOML configuration file (see docs/config.sample.toml).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Host name for a new hub (default localhost).
+        #[arg(long)]
+        host_name: Option<String>,
+        /// Name for a new hub (default ferrohub).
+        #[arg(long)]
+        hub_name: Option<String>,
+        /// HTTPS listen address (default 0.0.0.0:443).
+        #[arg(long, value_name = "ADDR")]
+        https_addr: Option<std::net::SocketAddr>,
+        /// MQTT over TLS listen address (default 0.0.0.0:8883).
+        #[arg(long, value_name = "ADDR")]
+        mqtt_addr: Option<std::net::SocketAddr>,
+        /// Skip the per-commit sync (development only; a crash may lose acknowledged writes).
+        #[arg(long)]
+        relaxed_durability: bool,
+    },
+    /// Manage certificate authorities for X.509 CA-signed devices (hub stopped; the REST API
+    /// `/certificates` does the same while it runs).
+    Ca {
+        #[command(subcommand)]
+        action: CaAction,
+    },
+    /// Print a connection string for a policy, a device or a module.
+    ConnectionString {
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+        /// Policy name (default iothubowner).
+        #[arg(long, conflicts_with = "device")]
+        policy: Option<String>,
+        /// Device id: print the device's connection string.
+        #[arg(long)]
+        device: Option<String>,
+        /// Module id (with --device).
+        #[arg(long, requires = "device")]
+        module: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum CaAction {
+    /// Register (or replace) a CA certificate from a PEM file.
+    Add {
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+        #[arg(long)]
+        name: String,
+        #[arg(long, value_name = "FILE")]
+        pem: PathBuf,
+    },
+    /// List registered CAs.
+    List {
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+    },
+    /// Remove a CA.
+    Remove {
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+        #[arg(long)]
+        name: String,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FERROHUB_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match Cli::parse().command {
+        Command::Serve {
+            data_dir,
+            config,
+            host_name,
+            hub_name,
+            https_addr,
+            mqtt_addr,
+            relaxed_durability,
+        } => serve(
+            data_dir,
+            config,
+            host_name,
+            hub_name,
+            https_addr,
+            mqtt_addr,
+            relaxed_durability,
+        ),
+        Command::Ca { action } => ca(action),
+        Command::ConnectionString {
+            data_dir,
+            policy,
+            device,
+            module,
+        } => connection_string(data_dir, policy, device, module),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferrohub: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(
+    data_dir: PathBuf,
+    config_file: Option<PathBuf>,
+    host_name: Option<String>,
+    hub_name: Option<String>,
+    https_addr: Option<std::net::SocketAddr>,
+    mqtt_addr: Option<std::net::SocketAddr>,
+    relaxed: bool,
+) -> anyhow::Result<()> {
+    let mut config = match &config_file {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    if let Some(h) = host_name {
+        config.hub.host_name = h;
+    }
+    if let Some(n) = hub_name {
+        config.hub.name = n;
+    }
+    if let Some(a) = https_addr {
+        config.listeners.https = a;
+    }
+    if let Some(a) = mqtt_addr {
+        config.listeners.mqtt = a;
+    }
+    if relaxed {
+        config.storage.durability = DurabilitySetting::Relaxed;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let shutdown = CancellationToken::new();
+        let signal_token = shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            signal_token.cancel();
+        });
+        node::serve(&data_dir, config, shutdown).await
+    })?;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn connection_string(
+    data_dir: PathBuf,
+    policy: Option<String>,
+    device: Option<String>,
+    module: Option<String>,
+) -> anyhow::Result<()> {
+    // Read-only, so it works while a node is serving the same directory.
+    let store = Store::open_read_only(&db_path(&data_dir))?;
+    let hub = store
+        .hub_settings()?
+        .ok_or_else(|| anyhow::anyhow!("{} holds no initialised hub", data_dir.display()))?;
+    let line = match device {
+        None => {
+            let name = policy.unwrap_or_else(|| "iothubowner".into());
+            policy_connection_string(&hub, &name)
+                .ok_or_else(|| anyhow::anyhow!("no policy named {name:?}"))?
+        }
+        Some(d) => {
+            let identity = match &module {
+                Some(m) => store.get_module(&d, m)?,
+                None => store.get_device(&d)?,
+            };
+            let keys = identity
+                .authentication
+                .symmetric_keys
+                .ok_or_else(|| anyhow::anyhow!("{d} does not use symmetric keys"))?;
+            let module_part = module.map(|m| format!(";ModuleId={m}")).unwrap_or_default();
+            format!(
+                "HostName={};DeviceId={d}{module_part};SharedAccessKey={}",
+                hub.host_name, keys.primary_key
+            )
+        }
+    };
+    println!("{line}");
+    Ok(())
+}
+
+fn ca(action: CaAction) -> anyhow::Result<()> {
+    use ferrohub_engine::hub::CertificateAuthority;
+    let open = |dir: &PathBuf| -> anyhow::Result<Store> {
+        Store::open(&db_path(dir), ferrohub_engine::StoreConfig::default()).map_err(|e| {
+            anyhow::anyhow!("{e} (is the hub running? use the REST API /certificates then)")
+        })
+    };
+    match action {
+        CaAction::Add {
+            data_dir,
+            name,
+            pem,
+        } => {
+            let der = ferrohub_server::x509::parse_ca(&std::fs::read(&pem)?)?;
+            let store = open(&data_dir)?;
+            let created = ferrohub_engine::UnixMillis(chrono::Utc::now().timestamp_millis());
+            store.put_certificate_authority(&CertificateAuthority {
+                name: name.clone(),
+                der,
+                created,
+            })?;
+            store.close()?;
+            println!("registered CA {name}");
+        }
+        CaAction::List { data_dir } => {
+            let store = Store::open_read_only(&db_path(&data_dir))?;
+            for ca in store.list_certificate_authorities()? {
+                let (sha1, _) = ferrohub_server::x509::thumbprints(
+                    &rustls::pki_types::CertificateDer::from(ca.der),
+                );
+                println!("{}\t{sha1}", ca.name);
+            }
+        }
+        CaAction::Remove { data_dir, name } => {
+            let store = open(&data_dir)?;
+            let existed = store.delete_certificate_authority(&name)?;
+            store.close()?;
+            anyhow::ensure!(existed, "no CA named {name:?}");
+            println!("removed CA {name}");
+        }
+    }
+    Ok(())
+}

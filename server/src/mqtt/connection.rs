@@ -1,0 +1,427 @@
+//! One MQTT connection, from CONNECT to close (MQT-2..MQT-8, MQT-13).
+//!
+//! # Invariants
+//! - Nothing but CONNECT is accepted until authentication succeeded, and CONNECT must arrive
+//!   within [`CONNECT_TIMEOUT`].
+//! - A QoS 1 telemetry PUBACK is sent only after the event is durable. Appends are queued in
+//!   arrival order from this task, so a device's events keep their order, while the connection
+//!   keeps reading (at most [`MAX_INFLIGHT`] appends outstanding); PUBACKs leave in order.
+//! - A SUBACK for a persistent session (CleanSession=0) is sent only after the session record
+//!   holding the subscription is durable.
+//! - The Will is published when the connection ends without DISCONNECT (and the hub is not
+//!   shutting down).
+//! - Connection state is set to Disconnected only by the client id's current connection, so a
+//!   superseded connection never overwrites its successor's state.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use ferrohub_engine::d2c::D2cError;
+use ferrohub_engine::sessions::{SessionRecord, Subscription};
+use futures::stream::FuturesOrdered;
+use futures::{Future, SinkExt, StreamExt};
+use mqtt::control::{ConnectReturnCode, ProtocolLevel};
+use mqtt::packet::suback::SubscribeReturnCode;
+use mqtt::packet::*;
+use mqtt::QualityOfService;
+use rustls::pki_types::CertificateDer;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
+use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
+
+use super::authenticate::{authenticate, Authenticated};
+use super::codec::{CodecError, MqttCodec};
+use super::property_bag;
+use super::topics::{self, Inbound};
+use crate::hub::connections::Registration;
+use crate::hub::HubContext;
+use crate::rest::now;
+use crate::telemetry::{self, DeviceMessage};
+
+/// CONNECT must arrive within this.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest MQTT packet: a 256 KB message plus its topic and property bag.
+pub const MAX_PACKET: usize = 256 * 1024 + 64 * 1024;
+/// Telemetry appends a connection may have outstanding before it stops reading.
+pub const MAX_INFLIGHT: usize = 64;
+/// Keep-alive timeouts are capped here (1.5 × IoT Hub's maximum keep-alive of 1177 s).
+pub const MAX_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(1767);
+
+/// How a connection was reached, for logs and authentication.
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    pub addr: std::net::SocketAddr,
+    pub transport: &'static str,
+    /// The TLS client certificate, if one was presented.
+    pub client_cert: Option<CertificateDer<'static>>,
+}
+
+/// Why a connection ended.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    Disconnect,
+    Closed,
+    KeepAlive,
+    Kicked,
+    Shutdown,
+    Violation(String),
+    StoreFailed(String),
+}
+
+type AckFuture = Pin<Box<dyn Future<Output = (Option<u16>, Result<(), D2cError>)> + Send>>;
+
+struct Connection<IO> {
+    framed: Framed<IO, MqttCodec>,
+    ctx: HubContext,
+    auth: Authenticated,
+    session: SessionRecord,
+    persistent: bool,
+    acks: FuturesOrdered<AckFuture>,
+}
+
+fn keep_alive_timeout(keep_alive: u16) -> Option<Duration> {
+    (keep_alive > 0)
+        .then(|| Duration::from_millis(keep_alive as u64 * 1500).min(MAX_KEEP_ALIVE_TIMEOUT))
+}
+
+/// Serves one connection until it ends.
+pub async fn run<IO>(io: IO, peer: PeerInfo, ctx: HubContext, shutdown: CancellationToken)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut framed = Framed::new(io, MqttCodec::new(MAX_PACKET));
+    let connect = match tokio::time::timeout(CONNECT_TIMEOUT, framed.next()).await {
+        Ok(Some(Ok(VariablePacket::ConnectPacket(c)))) => c,
+        Ok(Some(Ok(other))) => {
+            tracing::debug!(peer = %peer.addr, packet = ?other, "first packet was not CONNECT");
+            return;
+        }
+        Ok(Some(Err(e))) => {
+            tracing::debug!(peer = %peer.addr, error = %e, "malformed first packet");
+            return;
+        }
+        Ok(None) | Err(_) => return,
+    };
+    if connect.protocol_level() != ProtocolLevel::Version311 || connect.protocol_name() != "MQTT" {
+        let _ = framed
+            .send(ConnackPacket::new(
+                false,
+                ConnectReturnCode::UnacceptableProtocolVersion,
+            ))
+            .await;
+        return;
+    }
+    let auth = match authenticate(
+        &ctx,
+        connect.client_identifier(),
+        connect.user_name(),
+        connect.password(),
+        peer.client_cert.as_ref(),
+    )
+    .await
+    {
+        Ok(a) => a,
+        Err(refusal) => {
+            tracing::info!(peer = %peer.addr, client_id = connect.client_identifier(), %refusal, "CONNECT refused");
+            let _ = framed.send(ConnackPacket::new(false, refusal.code())).await;
+            return;
+        }
+    };
+    let client_id = auth.who.client_id();
+    let registration = ctx.connections.register(
+        &client_id,
+        &auth.who.device_id,
+        auth.who.module_id.is_some(),
+    );
+
+    let persistent = !connect.clean_session();
+    let stored = {
+        let id = client_id.clone();
+        if persistent {
+            ctx.store.run(move |s| s.load_session(&id)).await
+        } else {
+            ctx.store
+                .run(move |s| s.delete_session(&id).map(|()| None))
+                .await
+        }
+    };
+    let (session, present) = match stored {
+        Ok(Some(s)) => (s, true),
+        Ok(None) => (SessionRecord::default(), false),
+        Err(e) => {
+            tracing::error!(%client_id, error = %e, "cannot load session");
+            let _ = framed
+                .send(ConnackPacket::new(
+                    false,
+                    ConnectReturnCode::ServiceUnavailable,
+                ))
+                .await;
+            return;
+        }
+    };
+    let will = connect
+        .will()
+        .map(|(topic, payload)| (topic.to_string(), payload.to_vec(), connect.will_retain()));
+    record_connection(&ctx, &auth, true).await;
+    if framed
+        .send(ConnackPacket::new(
+            present,
+            ConnectReturnCode::ConnectionAccepted,
+        ))
+        .await
+        .is_err()
+    {
+        finish(&ctx, &auth, &registration).await;
+        return;
+    }
+    tracing::info!(%client_id, peer = %peer.addr, transport = peer.transport, persistent, "connected");
+
+    let mut conn = Connection {
+        framed,
+        ctx: ctx.clone(),
+        auth: auth.clone(),
+        session,
+        persistent,
+        acks: FuturesOrdered::new(),
+    };
+    let end = conn
+        .serve(
+            &registration,
+            keep_alive_timeout(connect.keep_alive()),
+            &shutdown,
+        )
+        .await;
+    tracing::info!(%client_id, reason = ?end, "connection ended");
+    if !matches!(end, End::Disconnect | End::Shutdown) {
+        if let Some((topic, payload, retain)) = will {
+            publish_will(&ctx, &auth, &topic, payload, retain).await;
+        }
+    }
+    finish(&ctx, &auth, &registration).await;
+}
+
+async fn record_connection(ctx: &HubContext, auth: &Authenticated, connected: bool) {
+    let (d, m) = (auth.who.device_id.clone(), auth.who.module_id.clone());
+    let now = now();
+    if let Err(e) = ctx
+        .store
+        .run(move |s| s.record_connection(&d, m.as_deref(), connected, now))
+        .await
+    {
+        tracing::warn!(error = %e, "cannot record connection state");
+    }
+}
+
+async fn finish(ctx: &HubContext, auth: &Authenticated, registration: &Registration) {
+    if registration.is_current() {
+        record_connection(ctx, auth, false).await;
+    }
+}
+
+/// Sends the Will as telemetry with `iothub-MessageType=Will` (MQT-8).
+async fn publish_will(
+    ctx: &HubContext,
+    auth: &Authenticated,
+    topic: &str,
+    payload: Vec<u8>,
+    retain: bool,
+) {
+    let Ok(Inbound::Telemetry { bag }) = topics::parse_publish(topic, &auth.who) else {
+        tracing::debug!(
+            topic,
+            "will topic is not a telemetry topic of this identity; dropped"
+        );
+        return;
+    };
+    let Ok(properties) = property_bag::parse(bag) else {
+        return;
+    };
+    let mut msg = DeviceMessage {
+        properties,
+        body: payload,
+    };
+    telemetry::add_application_property(&mut msg, "iothub-MessageType", "Will");
+    if retain {
+        mark_retained(&mut msg);
+    }
+    match telemetry::to_event(&auth.record, auth.method, msg) {
+        Ok(event) => {
+            if let Err(e) = ctx
+                .store
+                .append_in_order(vec![event], now(), ctx.d2c.clone())
+                .await
+            {
+                tracing::error!(error = %e, "cannot store the will message");
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "will message refused"),
+    }
+}
+
+/// MQT-7: RETAIN is not kept; the message carries it as application properties.
+fn mark_retained(msg: &mut DeviceMessage) {
+    telemetry::add_application_property(msg, "x-opt-retain", "true");
+    telemetry::add_application_property(msg, "mqtt-retain", "true");
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
+    async fn serve(
+        &mut self,
+        registration: &Registration,
+        keep_alive: Option<Duration>,
+        shutdown: &CancellationToken,
+    ) -> End {
+        let far = Duration::from_secs(86_400 * 365);
+        let mut deadline = Instant::now() + keep_alive.unwrap_or(far);
+        loop {
+            let can_read = self.acks.len() < MAX_INFLIGHT;
+            tokio::select! {
+                biased;
+                _ = registration.kicked.cancelled() => return End::Kicked,
+                _ = shutdown.cancelled() => return End::Shutdown,
+                Some((pkid, result)) = self.acks.next(), if !self.acks.is_empty() => {
+                    match result {
+                        Ok(()) => if let Some(id) = pkid {
+                            if self.framed.send(PubackPacket::new(id)).await.is_err() { return End::Closed; }
+                        },
+                        Err(e) => return End::StoreFailed(e.to_string()),
+                    }
+                }
+                packet = self.framed.next(), if can_read => {
+                    deadline = Instant::now() + keep_alive.unwrap_or(far);
+                    match packet {
+                        None => return End::Closed,
+                        Some(Err(CodecError::Io(_))) => return End::Closed,
+                        Some(Err(e)) => return End::Violation(e.to_string()),
+                        Some(Ok(p)) => if let Some(end) = self.on_packet(p).await { return end; },
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => return End::KeepAlive,
+            }
+        }
+    }
+
+    async fn on_packet(&mut self, packet: VariablePacket) -> Option<End> {
+        match packet {
+            VariablePacket::PublishPacket(p) => self.on_publish(p),
+            VariablePacket::SubscribePacket(p) => self.on_subscribe(p).await,
+            VariablePacket::UnsubscribePacket(p) => self.on_unsubscribe(p).await,
+            VariablePacket::PingreqPacket(_) => self
+                .framed
+                .send(PingrespPacket::new())
+                .await
+                .err()
+                .map(|_| End::Closed),
+            VariablePacket::DisconnectPacket(_) => Some(End::Disconnect),
+            // Acknowledgements of messages the hub sent (C2D, methods, twin) need no answer.
+            VariablePacket::PubackPacket(_) => None,
+            other => Some(End::Violation(format!("unexpected packet {other:?}"))),
+        }
+    }
+
+    fn on_publish(&mut self, p: PublishPacket) -> Option<End> {
+        let pkid = match p.qos() {
+            QoSWithPacketIdentifier::Level0 => None,
+            QoSWithPacketIdentifier::Level1(id) => Some(id),
+            QoSWithPacketIdentifier::Level2(_) => {
+                return Some(End::Violation("QoS 2 is not supported".into()))
+            }
+        };
+        let inbound = match topics::parse_publish(p.topic_name(), &self.auth.who) {
+            Ok(i) => i,
+            Err(e) => return Some(End::Violation(e.to_string())),
+        };
+        match inbound {
+            Inbound::Telemetry { bag } => {
+                let properties = match property_bag::parse(bag) {
+                    Ok(props) => props,
+                    Err(e) => return Some(End::Violation(e.to_string())),
+                };
+                let mut msg = DeviceMessage {
+                    properties,
+                    body: p.payload().to_vec(),
+                };
+                if p.retain() {
+                    mark_retained(&mut msg);
+                }
+                let event = match telemetry::to_event(&self.auth.record, self.auth.method, msg) {
+                    Ok(e) => e,
+                    Err(e) => return Some(End::Violation(e.to_string())),
+                };
+                let appended =
+                    self.ctx
+                        .store
+                        .append_in_order(vec![event], now(), self.ctx.d2c.clone());
+                self.acks
+                    .push_back(Box::pin(async move { (pkid, appended.await.map(drop)) }));
+                None
+            }
+            // Twin and method topics arrive with the twin and method features.
+            Inbound::TwinGet { .. }
+            | Inbound::TwinReportedPatch { .. }
+            | Inbound::MethodResponse { .. } => Some(End::Violation(format!(
+                "{} is not served yet",
+                p.topic_name()
+            ))),
+        }
+    }
+
+    async fn on_subscribe(&mut self, p: SubscribePacket) -> Option<End> {
+        if p.subscribes().is_empty() {
+            return Some(End::Violation("SUBSCRIBE without topic filters".into()));
+        }
+        let mut codes = Vec::with_capacity(p.subscribes().len());
+        let mut granted = Vec::new();
+        for (filter, qos) in p.subscribes() {
+            match topics::parse_filter(filter, &self.auth.who) {
+                Some(_) => {
+                    let qos = (*qos).min(QualityOfService::Level1);
+                    codes.push(SubscribeReturnCode::from(qos));
+                    granted.push(Subscription {
+                        filter: filter.to_string(),
+                        qos: qos as u8,
+                    });
+                }
+                None => codes.push(SubscribeReturnCode::Failure),
+            }
+        }
+        self.session.subscribe(granted);
+        if let Some(end) = self.save_session().await {
+            return Some(end);
+        }
+        self.framed
+            .send(SubackPacket::new(p.packet_identifier(), codes))
+            .await
+            .err()
+            .map(|_| End::Closed)
+    }
+
+    async fn on_unsubscribe(&mut self, p: UnsubscribePacket) -> Option<End> {
+        self.session
+            .unsubscribe(p.subscribes().iter().map(|f| &***f));
+        if let Some(end) = self.save_session().await {
+            return Some(end);
+        }
+        self.framed
+            .send(UnsubackPacket::new(p.packet_identifier()))
+            .await
+            .err()
+            .map(|_| End::Closed)
+    }
+
+    /// Makes the session durable before its acknowledgement (persistent sessions only).
+    async fn save_session(&mut self) -> Option<End> {
+        if !self.persistent {
+            return None;
+        }
+        let id = self.auth.who.client_id();
+        let session = self.session.clone();
+        self.ctx
+            .store
+            .run(move |s| s.save_session(&id, &session))
+            .await
+            .err()
+            .map(|e| End::StoreFailed(e.to_string()))
+    }
+}

@@ -1,0 +1,186 @@
+//! A hub node: initialise the data directory on first start (P-2), serve, and shut down
+//! cleanly (P-7).
+//!
+//! Layout of a data directory: `db/` (the RocksDB database), `tls/` (see [`crate::tls`]).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrohub_engine::hub::HubSettings;
+use ferrohub_engine::{Durability, HubError, OpenError, Store, StoreConfig, UnixMillis};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, ConfigError, DurabilitySetting};
+use crate::hub::{Connections, D2cNotify, HubContext, StoreHandle};
+use crate::tls::{self, TlsError, TlsPaths};
+use crate::transport::mqtt_tls;
+use crate::{https, rest};
+
+/// How long shutdown waits for open connections before closing the store anyway.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("cannot open the store: {0}")]
+    Open(#[from] OpenError),
+    #[error("hub settings: {0}")]
+    Hub(#[from] HubError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot listen on {addr}: {reason}")]
+    Bind { addr: SocketAddr, reason: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+pub fn db_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("db")
+}
+
+/// `HostName=...;SharedAccessKeyName=...;SharedAccessKey=...` for one policy.
+pub fn policy_connection_string(hub: &HubSettings, policy: &str) -> Option<String> {
+    let p = hub.policy(policy)?;
+    Some(format!(
+        "HostName={};SharedAccessKeyName={};SharedAccessKey={}",
+        hub.host_name, p.name, p.primary_key
+    ))
+}
+
+/// Opens the store and makes sure the hub and its TLS material exist. Returns the store, the
+/// settings, and whether this call initialised the hub.
+pub fn initialise(
+    data_dir: &Path,
+    config: &Config,
+) -> Result<(Arc<Store>, HubSettings, bool), NodeError> {
+    let durability = match config.storage.durability {
+        DurabilitySetting::Synced => Durability::Synced,
+        DurabilitySetting::Relaxed => Durability::Relaxed,
+    };
+    let store = Store::open(
+        &db_path(data_dir),
+        StoreConfig {
+            durability,
+            d2c_partitions: config.d2c.partitions,
+        },
+    )?;
+    let existing = store.hub_settings()?;
+    let first_start = existing.is_none();
+    let hub = match existing {
+        Some(h) => {
+            if h.host_name != config.hub.host_name {
+                tracing::warn!(stored = %h.host_name, configured = %config.hub.host_name,
+                    "host name is fixed at initialisation; using the stored one");
+            }
+            h
+        }
+        None => store.initialise_hub(HubSettings {
+            hub_name: config.hub.name.clone(),
+            host_name: config.hub.host_name.clone(),
+            policies: HubSettings::default_policies(),
+            created: UnixMillis(chrono::Utc::now().timestamp_millis()),
+        })?,
+    };
+    tls::ensure_material(&TlsPaths::new(data_dir), &hub.hub_name, &hub.host_name)?;
+    Ok((Arc::new(store), hub, first_start))
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {
+    TcpListener::bind(addr).await.map_err(|e| NodeError::Bind {
+        addr,
+        reason: e.to_string(),
+    })
+}
+
+fn local(l: &TcpListener) -> Result<SocketAddr, NodeError> {
+    l.local_addr().map_err(|e| NodeError::Other(e.to_string()))
+}
+
+/// Runs the node until `shutdown` is cancelled, then drains and closes the store.
+pub async fn serve(
+    data_dir: &Path,
+    config: Config,
+    shutdown: CancellationToken,
+) -> Result<(), NodeError> {
+    config.validate()?;
+    let (store, hub, first_start) = initialise(data_dir, &config)?;
+    if first_start {
+        println!(
+            "Initialised hub {:?} in {}",
+            hub.hub_name,
+            data_dir.display()
+        );
+        println!("CA certificate: {}", TlsPaths::new(data_dir).ca().display());
+        for p in &hub.policies {
+            if let Some(cs) = policy_connection_string(&hub, &p.name) {
+                println!("{cs}");
+            }
+        }
+    }
+    let paths = TlsPaths::new(data_dir);
+    let https_listener = bind(config.listeners.https).await?;
+    let mqtt_listener = bind(config.listeners.mqtt).await?;
+    let (https_addr, mqtt_addr) = (local(&https_listener)?, local(&mqtt_listener)?);
+
+    let next_sequences: Vec<u64> = (0..store.partition_count())
+        .map(|p| store.next_sequence_number(p).unwrap_or(0))
+        .collect();
+    let ctx = HubContext {
+        store: StoreHandle::new(Arc::clone(&store)),
+        settings: Arc::new(hub),
+        connections: Connections::new(),
+        d2c: Arc::new(D2cNotify::new(next_sequences)),
+    };
+    let tracker = TaskTracker::new();
+    let tasks = vec![
+        tokio::spawn(https::serve(
+            https_listener,
+            TlsAcceptor::from(tls::server_config(&paths)?),
+            rest::routes(ctx.clone()),
+            shutdown.clone(),
+            tracker.clone(),
+        )),
+        tokio::spawn(mqtt_tls::serve(
+            mqtt_listener,
+            TlsAcceptor::from(tls::mqtt_server_config(&paths)?),
+            ctx.clone(),
+            shutdown.clone(),
+            tracker.clone(),
+        )),
+        tokio::spawn(crate::hub::retention::run(
+            ctx.store.clone(),
+            config.d2c.retention,
+            config.d2c.retention_check_interval,
+            shutdown.clone(),
+        )),
+    ];
+    // Tests and scripts read these lines to learn the bound addresses; https comes last.
+    println!("listening mqtt={mqtt_addr}");
+    println!("listening https={https_addr}");
+    tracing::info!(%https_addr, %mqtt_addr, "listening");
+    shutdown.cancelled().await;
+    tracing::info!("shutting down: no new connections; draining");
+    for t in tasks {
+        let _ = t.await;
+    }
+    tracker.close();
+    if tokio::time::timeout(DRAIN_TIMEOUT, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the drain timeout; closing anyway");
+    }
+    let closing = Arc::clone(&store);
+    tokio::task::spawn_blocking(move || closing.close())
+        .await
+        .map_err(|e| NodeError::Other(e.to_string()))?
+        .map_err(|e| NodeError::Other(e.to_string()))?;
+    tracing::info!("store closed");
+    Ok(())
+}

@@ -1,0 +1,395 @@
+//! The read API for device-to-cloud events (D2C-4, D2C-6), ServiceConnect at hub scope.
+//! Documented in `docs/read-api.md`.
+//!
+//! - `GET /events/partitions`, `GET /events/partitions/{p}`
+//! - `GET /events/consumergroups`, `PUT|DELETE /events/consumergroups/{group}`
+//! - `GET /events/consumergroups/{group}/partitions/{p}/messages?from=...&max=...&timeout=...`
+//! - `GET|PUT /events/consumergroups/{group}/partitions/{p}/checkpoint`
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use ferrohub_engine::d2c::{Checkpoint, D2cError, D2cEvent, PartitionInfo, ReadPosition};
+use ferrohub_engine::UnixMillis;
+use serde::{Deserialize, Serialize};
+use warp::http::StatusCode;
+use warp::{Filter, Rejection, Reply};
+
+use super::error::ApiError;
+use super::identity_json::format_time;
+use super::{authenticated, json_body, json_reply, now, Context, PathId};
+use crate::auth::{Permission, Principal};
+
+/// Most events one read returns.
+const MAX_BATCH: usize = 1000;
+/// Longest long-poll.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+type Response = warp::reply::Response;
+
+fn time_ms(t: UnixMillis) -> String {
+    chrono::DateTime::from_timestamp_millis(t.0)
+        .map(|d| d.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+        .unwrap_or_default()
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PartitionJson {
+    partition_id: String,
+    begin_sequence_number: u64,
+    last_enqueued_sequence_number: Option<u64>,
+    last_enqueued_offset: Option<String>,
+    last_enqueued_time_utc: Option<String>,
+    is_empty: bool,
+}
+
+impl From<PartitionInfo> for PartitionJson {
+    fn from(p: PartitionInfo) -> Self {
+        PartitionJson {
+            partition_id: p.partition.to_string(),
+            begin_sequence_number: p.begin_sequence_number,
+            last_enqueued_sequence_number: p.last_enqueued_sequence_number,
+            last_enqueued_offset: p.last_enqueued_offset.map(|o| o.to_string()),
+            last_enqueued_time_utc: p.last_enqueued_time.map(time_ms),
+            is_empty: p.is_empty,
+        }
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EventJson {
+    partition_id: String,
+    sequence_number: u64,
+    offset: String,
+    enqueued_time_utc: String,
+    system_properties: BTreeMap<String, String>,
+    properties: BTreeMap<String, String>,
+    /// The body, base64.
+    body: String,
+}
+
+impl From<D2cEvent> for EventJson {
+    fn from(e: D2cEvent) -> Self {
+        let mut system: BTreeMap<String, String> = e.system_properties.into_iter().collect();
+        system.insert("iothub-enqueuedtime".into(), time_ms(e.enqueued_time));
+        EventJson {
+            partition_id: e.partition.to_string(),
+            sequence_number: e.sequence_number,
+            offset: e.offset.to_string(),
+            enqueued_time_utc: time_ms(e.enqueued_time),
+            system_properties: system,
+            properties: e.application_properties.into_iter().collect(),
+            body: B64.encode(&e.body),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReadQuery {
+    from: Option<String>,
+    sequence_number: Option<u64>,
+    offset: Option<String>,
+    enqueued_time_utc: Option<String>,
+    max: Option<usize>,
+    timeout: Option<u64>,
+}
+
+impl ReadQuery {
+    fn position(&self) -> Result<ReadPosition, ApiError> {
+        let given = [
+            self.from.is_some(),
+            self.sequence_number.is_some(),
+            self.offset.is_some(),
+            self.enqueued_time_utc.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() > 1 {
+            return Err(ApiError::argument(
+                "give only one of from, sequenceNumber, offset, enqueuedTimeUtc",
+            ));
+        }
+        if let Some(s) = self.sequence_number {
+            return Ok(ReadPosition::Sequence(s));
+        }
+        if let Some(o) = &self.offset {
+            return o
+                .parse()
+                .map(ReadPosition::Offset)
+                .map_err(|_| ApiError::argument(format!("offset {o:?} is not a number")));
+        }
+        if let Some(t) = &self.enqueued_time_utc {
+            let dt = chrono::DateTime::parse_from_rfc3339(t)
+                .map_err(|e| ApiError::argument(format!("enqueuedTimeUtc {t:?}: {e}")))?;
+            return Ok(ReadPosition::EnqueuedTime(UnixMillis(
+                dt.timestamp_millis(),
+            )));
+        }
+        match self.from.as_deref() {
+            None | Some("start") => Ok(ReadPosition::Start),
+            Some("end") => Ok(ReadPosition::End),
+            Some(other) => Err(ApiError::argument(format!(
+                "from must be start or end, not {other:?}"
+            ))),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CheckpointJson {
+    sequence_number: u64,
+    offset: String,
+    #[serde(default, skip_deserializing)]
+    updated_time_utc: String,
+}
+
+fn require_service(p: &Principal) -> Result<(), ApiError> {
+    Ok(p.require_hub(Permission::ServiceConnect)?)
+}
+
+fn partition_id(p: &PathId) -> Result<u16, ApiError> {
+    p.0.parse()
+        .map_err(|_| ApiError::Events(D2cError::NoSuchPartition(u16::MAX)))
+}
+
+pub fn routes(ctx: Context) -> impl Filter<Extract = (Response,), Error = Rejection> + Clone {
+    let auth = authenticated(ctx.clone());
+    let with_ctx = warp::any().map(move || ctx.clone());
+    let list_partitions = warp::path!("events" / "partitions")
+        .and(warp::get())
+        .and(with_ctx.clone())
+        .and(auth.clone())
+        .and_then(|ctx: Context, p: Principal| async move {
+            reply(
+                async {
+                    require_service(&p)?;
+                    let infos = ctx
+                        .store
+                        .run(|s| {
+                            (0..s.partition_count())
+                                .map(|i| s.partition_info(i))
+                                .collect::<Result<Vec<_>, _>>()
+                        })
+                        .await?;
+                    Ok(json_reply(
+                        &infos
+                            .into_iter()
+                            .map(PartitionJson::from)
+                            .collect::<Vec<_>>(),
+                    ))
+                }
+                .await,
+            )
+        });
+    let get_partition = warp::path!("events" / "partitions" / PathId)
+        .and(warp::get())
+        .and(with_ctx.clone())
+        .and(auth.clone())
+        .and_then(|id: PathId, ctx: Context, p: Principal| async move {
+            reply(
+                async {
+                    require_service(&p)?;
+                    let pid = partition_id(&id)?;
+                    let info = ctx.store.run(move |s| s.partition_info(pid)).await?;
+                    Ok(json_reply(&PartitionJson::from(info)))
+                }
+                .await,
+            )
+        });
+    let list_groups = warp::path!("events" / "consumergroups")
+        .and(warp::get())
+        .and(with_ctx.clone())
+        .and(auth.clone())
+        .and_then(|ctx: Context, p: Principal| async move {
+            reply(
+                async {
+                    require_service(&p)?;
+                    Ok(json_reply(
+                        &ctx.store.run(|s| s.list_consumer_groups()).await?,
+                    ))
+                }
+                .await,
+            )
+        });
+    let create_group = warp::path!("events" / "consumergroups" / PathId)
+        .and(warp::put())
+        .and(with_ctx.clone())
+        .and(auth.clone())
+        .and_then(|g: PathId, ctx: Context, p: Principal| async move {
+            reply(
+                async {
+                    require_service(&p)?;
+                    let now = now();
+                    let name = g.0.clone();
+                    ctx.store
+                        .run(move |s| s.create_consumer_group(&name, now))
+                        .await?;
+                    Ok(warp::reply::with_status(
+                        json_reply(&serde_json::json!({ "name": g.0 })),
+                        StatusCode::CREATED,
+                    )
+                    .into_response())
+                }
+                .await,
+            )
+        });
+    let delete_group = warp::path!("events" / "consumergroups" / PathId)
+        .and(warp::delete())
+        .and(with_ctx.clone())
+        .and(auth.clone())
+        .and_then(|g: PathId, ctx: Context, p: Principal| async move {
+            reply(
+                async {
+                    require_service(&p)?;
+                    ctx.store
+                        .run(move |s| s.delete_consumer_group(&g.0))
+                        .await?;
+                    Ok(
+                        warp::reply::with_status(warp::reply(), StatusCode::NO_CONTENT)
+                            .into_response(),
+                    )
+                }
+                .await,
+            )
+        });
+    let read =
+        warp::path!("events" / "consumergroups" / PathId / "partitions" / PathId / "messages")
+            .and(warp::get())
+            .and(warp::query::<ReadQuery>())
+            .and(with_ctx.clone())
+            .and(auth.clone())
+            .and_then(read_handler);
+    let get_checkpoint =
+        warp::path!("events" / "consumergroups" / PathId / "partitions" / PathId / "checkpoint")
+            .and(warp::get())
+            .and(with_ctx.clone())
+            .and(auth.clone())
+            .and_then(
+                |g: PathId, id: PathId, ctx: Context, p: Principal| async move {
+                    reply(
+                        async {
+                            require_service(&p)?;
+                            let pid = partition_id(&id)?;
+                            match ctx.store.run(move |s| s.get_checkpoint(&g.0, pid)).await? {
+                                Some(c) => Ok(json_reply(&CheckpointJson {
+                                    sequence_number: c.sequence_number,
+                                    offset: c.offset.to_string(),
+                                    updated_time_utc: format_time(Some(c.updated)),
+                                })),
+                                None => Err(ApiError::NotFound("no checkpoint stored".into())),
+                            }
+                        }
+                        .await,
+                    )
+                },
+            );
+    let put_checkpoint = warp::path!(
+        "events" / "consumergroups" / PathId / "partitions" / PathId / "checkpoint"
+    )
+    .and(warp::put())
+    .and(with_ctx)
+    .and(auth)
+    .and(json_body::<CheckpointJson>())
+    .and_then(
+        |g: PathId, id: PathId, ctx: Context, p: Principal, body: CheckpointJson| async move {
+            reply(
+                async {
+                    require_service(&p)?;
+                    let pid = partition_id(&id)?;
+                    let offset = body
+                        .offset
+                        .parse()
+                        .map_err(|_| ApiError::argument("offset must be a number"))?;
+                    let cp = Checkpoint {
+                        sequence_number: body.sequence_number,
+                        offset,
+                        updated: now(),
+                    };
+                    ctx.store
+                        .run(move |s| s.set_checkpoint(&g.0, pid, &cp))
+                        .await?;
+                    Ok(
+                        warp::reply::with_status(warp::reply(), StatusCode::NO_CONTENT)
+                            .into_response(),
+                    )
+                }
+                .await,
+            )
+        },
+    );
+    list_partitions
+        .or(get_partition)
+        .unify()
+        .or(list_groups)
+        .unify()
+        .or(create_group)
+        .unify()
+        .or(delete_group)
+        .unify()
+        .or(read)
+        .unify()
+        .or(get_checkpoint)
+        .unify()
+        .or(put_checkpoint)
+        .unify()
+}
+
+fn reply(r: Result<Response, ApiError>) -> Result<Response, Rejection> {
+    r.map_err(warp::reject::custom)
+}
+
+/// A batch read; with `timeout` (seconds) it waits for events when there are none yet.
+async fn read_handler(
+    group: PathId,
+    id: PathId,
+    q: ReadQuery,
+    ctx: Context,
+    p: Principal,
+) -> Result<Response, Rejection> {
+    reply(
+        async {
+            require_service(&p)?;
+            let pid = partition_id(&id)?;
+            let max = q.max.unwrap_or(100).clamp(1, MAX_BATCH);
+            let wait = Duration::from_secs(q.timeout.unwrap_or(0)).min(MAX_WAIT);
+            let g = group.0.clone();
+            ctx.store
+                .run(move |s| s.get_checkpoint(&g, pid).map(drop))
+                .await?;
+            let mut position = q.position()?;
+            if position == ReadPosition::End {
+                position = ReadPosition::Sequence(
+                    ctx.store.run(move |s| s.next_sequence_number(pid)).await?,
+                );
+            }
+            let mut watch = ctx
+                .d2c
+                .subscribe(pid)
+                .ok_or(ApiError::Events(D2cError::NoSuchPartition(pid)))?;
+            let deadline = tokio::time::Instant::now() + wait;
+            loop {
+                let events = ctx
+                    .store
+                    .run(move |s| s.read_events(pid, position, max))
+                    .await?;
+                let done = !events.is_empty() || tokio::time::Instant::now() >= deadline;
+                if done {
+                    let next = events.last().map(|e| e.sequence_number + 1);
+                    let body = serde_json::json!({
+                        "partitionId": pid.to_string(),
+                        "events": events.into_iter().map(EventJson::from).collect::<Vec<_>>(),
+                        "nextSequenceNumber": next,
+                    });
+                    return Ok(json_reply(&body));
+                }
+                // Wake on the next durable append to this partition, or give up at the deadline.
+                let _ = tokio::time::timeout_at(deadline, watch.changed()).await;
+            }
+        }
+        .await,
+    )
+}

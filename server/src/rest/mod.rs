@@ -1,0 +1,168 @@
+//! The HTTPS REST API: route table, the filters every route shares (authentication, ids in
+//! paths, JSON bodies, `If-Match`), and the one `recover` that turns failures into IoT Hub
+//! errors.
+//!
+//! # Invariants
+//! - Every route authenticates before it touches the store, and checks its permission.
+//! - Path ids are percent-decoded exactly once, here.
+
+mod certificates;
+pub mod error;
+mod events;
+mod identities;
+pub mod identity_json;
+mod statistics;
+mod telemetry;
+pub mod ws;
+
+use std::str::FromStr;
+
+use ferrohub_engine::model::IfMatch;
+use ferrohub_engine::{RegistryError, UnixMillis};
+use percent_encoding::percent_decode_str;
+use serde::de::DeserializeOwned;
+use warp::filters::BoxedFilter;
+use warp::{Filter, Rejection, Reply};
+
+use crate::auth::{self, sas::SasToken, AuthError, Principal, Scope};
+use crate::hub::HubContext;
+use error::ApiError;
+
+/// Largest REST body accepted (bulk requests of 100 identities fit easily).
+const MAX_BODY_BYTES: u64 = 4 << 20;
+
+/// What every handler may use.
+pub type Context = HubContext;
+
+/// An id taken from a path segment, percent-decoded.
+#[derive(Debug, Clone)]
+pub struct PathId(pub String);
+
+impl FromStr for PathId {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        percent_decode_str(s)
+            .decode_utf8()
+            .map(|c| PathId(c.into_owned()))
+            .map_err(|_| ())
+    }
+}
+
+pub fn now() -> UnixMillis {
+    UnixMillis(chrono::Utc::now().timestamp_millis())
+}
+
+fn now_secs() -> u64 {
+    chrono::Utc::now().timestamp().max(0) as u64
+}
+
+async fn authenticate(
+    ctx: Context,
+    header: Option<String>,
+    query: String,
+) -> Result<Principal, Rejection> {
+    let token = header.or_else(|| url_query_param(&query, "authorization"));
+    let result = async {
+        let token = token.ok_or(AuthError::Missing)?;
+        let token = SasToken::parse(&token).map_err(AuthError::from)?;
+        if let Some(p) = auth::authenticate_policy(&token, &ctx.settings, now_secs())? {
+            return Ok(p);
+        }
+        let Scope::Device {
+            device_id,
+            module_id,
+        } = auth::parse_scope(&token.resource, &ctx.settings.host_name)?
+        else {
+            return Err(AuthError::UnknownIdentity("(hub)".into()).into());
+        };
+        let name = device_id.clone();
+        let identity = ctx
+            .store
+            .run(move |s| match &module_id {
+                Some(m) => s.get_module(&device_id, m),
+                None => s.get_device(&device_id),
+            })
+            .await
+            .map_err(|e| match e {
+                RegistryError::Storage(s) => ApiError::Storage(s),
+                _ => ApiError::Unauthorized(AuthError::UnknownIdentity(name)),
+            })?;
+        Ok::<_, ApiError>(auth::authenticate_identity(&token, &identity, now_secs())?)
+    }
+    .await;
+    result.map_err(warp::reject::custom)
+}
+
+fn url_query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        k.eq_ignore_ascii_case(name).then(|| {
+            percent_decode_str(&v.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+    })
+}
+
+/// Extracts the authenticated caller (token in `Authorization` or the `authorization` query).
+pub fn authenticated(
+    ctx: Context,
+) -> impl Filter<Extract = (Principal,), Error = Rejection> + Clone {
+    warp::header::optional::<String>("authorization")
+        .and(warp::query::raw().or(warp::any().map(String::new)).unify())
+        .and_then(move |header, query| authenticate(ctx.clone(), header, query))
+}
+
+/// A JSON body of type `T`: malformed JSON and wrong shapes are distinct 400s.
+pub fn json_body<T: DeserializeOwned + Send>(
+) -> impl Filter<Extract = (T,), Error = Rejection> + Clone {
+    warp::body::content_length_limit(MAX_BODY_BYTES)
+        .and(warp::body::bytes())
+        .and_then(|bytes: bytes::Bytes| async move {
+            let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+                warp::reject::custom(ApiError::format(format!("the body is not valid JSON: {e}")))
+            })?;
+            serde_json::from_value::<T>(value).map_err(|e| {
+                warp::reject::custom(ApiError::format(format!(
+                    "the body has the wrong shape: {e}"
+                )))
+            })
+        })
+}
+
+/// `If-Match`, quoted or not: `None` when absent; empty or `*` is unconditional.
+pub fn if_match() -> impl Filter<Extract = (Option<IfMatch>,), Error = Rejection> + Clone {
+    warp::header::optional::<String>("if-match").map(|h: Option<String>| {
+        h.map(|raw| {
+            let v = raw.trim().trim_start_matches("W/").trim_matches('"');
+            if v.is_empty() || v == "*" {
+                IfMatch::Any
+            } else {
+                IfMatch::Etag(v.to_string())
+            }
+        })
+    })
+}
+
+/// A JSON reply with IoT Hub's content type.
+pub fn json_reply<T: serde::Serialize>(value: &T) -> warp::reply::Response {
+    warp::reply::json(value).into_response()
+}
+
+/// Every route of the REST API.
+pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
+    ws::routes(ctx.clone())
+        .or(identities::routes(ctx.clone()))
+        .unify()
+        .or(statistics::routes(ctx.clone()))
+        .unify()
+        .or(telemetry::routes(ctx.clone()))
+        .unify()
+        .or(events::routes(ctx.clone()))
+        .unify()
+        .or(certificates::routes(ctx))
+        .unify()
+        .recover(error::recover)
+        .unify()
+        .boxed()
+}

@@ -1,0 +1,136 @@
+//! Turning a device's message into a stored event (MQT-6, MQT-7, MQT-8, SEC-6, HDV-1): system
+//! properties under their IoT Hub names, application properties, and the anti-spoofing stamps
+//! the hub adds (overwriting anything the device claimed).
+
+use ferrohub_engine::d2c::NewEvent;
+use ferrohub_engine::model::{AuthType, Identity};
+
+/// Largest device-to-cloud message, body and properties together (IoT Hub: 256 KB).
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// How the sender authenticated, for `iothub-connection-auth-method`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMethod {
+    /// Identity key (scope device) or a hub policy (scope hub).
+    Sas {
+        hub_policy: bool,
+    },
+    X509SelfSigned,
+    X509Ca,
+}
+
+impl AuthMethod {
+    pub fn json(self) -> String {
+        let (scope, kind) = match self {
+            AuthMethod::Sas { hub_policy: false } => ("device", "sas"),
+            AuthMethod::Sas { hub_policy: true } => ("hub", "sas"),
+            AuthMethod::X509SelfSigned => ("device", "x509Certificate"),
+            AuthMethod::X509Ca => ("device", "x509Ca"),
+        };
+        format!(
+            r#"{{"scope":"{scope}","type":"{kind}","issuer":"iothub","acceptingIpFilterRule":null}}"#
+        )
+    }
+
+    pub fn for_identity(identity: &Identity, hub_policy: bool) -> Self {
+        match identity.authentication.kind {
+            AuthType::SelfSigned => AuthMethod::X509SelfSigned,
+            AuthType::CertificateAuthority => AuthMethod::X509Ca,
+            AuthType::Sas | AuthType::None => AuthMethod::Sas { hub_policy },
+        }
+    }
+}
+
+/// System properties a device may set, by MQTT bag key, with their stored names.
+const DEVICE_SYSTEM_PROPERTIES: &[(&str, &str)] = &[
+    ("$.mid", "message-id"),
+    ("$.cid", "correlation-id"),
+    ("$.uid", "user-id"),
+    ("$.ct", "content-type"),
+    ("$.ce", "content-encoding"),
+    ("$.exp", "absolute-expiry-time"),
+    ("$.to", "to"),
+    ("$.on", "iothub-outputname"),
+    ("$.ifid", "iothub-interface-id"),
+    ("$.ctime", "iothub-creation-time-utc"),
+    ("$.sub", "dt-subject"),
+    ("$.schema", "dt-dataschema"),
+];
+
+/// Names the hub stamps; a device can never set them, as system or application property.
+const STAMPED: &[&str] = &[
+    "iothub-connection-device-id",
+    "iothub-connection-module-id",
+    "iothub-connection-auth-generation-id",
+    "iothub-connection-auth-method",
+    "iothub-message-source",
+    "iothub-enqueuedtime",
+];
+
+/// A message as a device sent it, before stamping.
+#[derive(Debug, Default)]
+pub struct DeviceMessage {
+    /// `(name, value)` where name is a bag key (`$.mid`, or an application property name).
+    pub properties: Vec<(String, Option<String>)>,
+    pub body: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MessageError {
+    #[error("message of {0} bytes exceeds the 256 KB limit")]
+    TooLarge(usize),
+}
+
+/// Adds a property the hub sets for a transport flag (RETAIN, Will).
+pub fn add_application_property(msg: &mut DeviceMessage, name: &str, value: &str) {
+    msg.properties.retain(|(k, _)| k != name);
+    msg.properties
+        .push((name.to_string(), Some(value.to_string())));
+}
+
+/// Builds the stored event: device-settable system properties mapped, application properties
+/// kept, stamps added.
+pub fn to_event(
+    identity: &Identity,
+    auth: AuthMethod,
+    msg: DeviceMessage,
+) -> Result<NewEvent, MessageError> {
+    let size = msg.body.len()
+        + msg
+            .properties
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, String::len))
+            .sum::<usize>();
+    if size > MAX_MESSAGE_BYTES {
+        return Err(MessageError::TooLarge(size));
+    }
+    let mut system = Vec::new();
+    let mut application = Vec::new();
+    for (key, value) in msg.properties {
+        let value = value.unwrap_or_default();
+        if let Some((_, name)) = DEVICE_SYSTEM_PROPERTIES.iter().find(|(k, _)| *k == key) {
+            system.push((name.to_string(), value));
+        } else if !STAMPED.contains(&key.as_str()) {
+            application.push((key, value));
+        }
+    }
+    system.push((
+        "iothub-connection-device-id".into(),
+        identity.device_id.clone(),
+    ));
+    if let Some(m) = &identity.module_id {
+        system.push(("iothub-connection-module-id".into(), m.clone()));
+    }
+    system.push((
+        "iothub-connection-auth-generation-id".into(),
+        identity.generation_id.clone(),
+    ));
+    system.push(("iothub-connection-auth-method".into(), auth.json()));
+    system.push(("iothub-message-source".into(), "Telemetry".into()));
+    Ok(NewEvent {
+        device_id: identity.device_id.clone(),
+        system_properties: system,
+        application_properties: application,
+        body: msg.body,
+    })
+}

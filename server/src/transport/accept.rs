@@ -1,0 +1,51 @@
+//! The accept loop every TCP listener uses: a connection permit is taken *before* `accept`, so
+//! at most `max_connections` sockets are open per listener; accept errors back off (1 ms to 1 s)
+//! instead of spinning; on shutdown the loop stops accepting and returns.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    max_connections: usize,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+    handle: F,
+) where
+    F: Fn(TcpStream, SocketAddr) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(max_connections));
+    let mut backoff = Duration::from_millis(1);
+    loop {
+        let permit = tokio::select! {
+            p = Arc::clone(&permits).acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            _ = shutdown.cancelled() => return,
+        };
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => { backoff = Duration::from_millis(1); x }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed; backing off");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        let _ = tcp.set_nodelay(true);
+        let fut = handle(tcp, peer);
+        tracker.spawn(async move {
+            let _permit = permit;
+            fut.await;
+        });
+    }
+}

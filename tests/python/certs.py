@@ -1,0 +1,41 @@
+"""Test certificates made with the openssl command line: self-signed device certificates, and a
+CA with device certificates it signs."""
+
+import subprocess
+from pathlib import Path
+
+
+def run(*args):
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def self_signed(dir: Path, cn: str) -> tuple[Path, Path]:
+    key, cert = dir / f"{cn}.key", dir / f"{cn}.pem"
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key),
+        "-out", str(cert), "-days", "30", "-subj", f"/CN={cn}")
+    return cert, key
+
+
+def ca(dir: Path, name: str) -> tuple[Path, Path]:
+    key, cert = dir / f"{name}-ca.key", dir / f"{name}-ca.pem"
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key),
+        "-out", str(cert), "-days", "30", "-subj", f"/CN={name} test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    return cert, key
+
+
+def signed_by(dir: Path, cn: str, ca_cert: Path, ca_key: Path) -> tuple[Path, Path]:
+    key, csr, cert = dir / f"{cn}.key", dir / f"{cn}.csr", dir / f"{cn}.pem"
+    ext = dir / f"{cn}.ext"
+    ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n")
+    run("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key),
+        "-out", str(csr), "-subj", f"/CN={cn}")
+    run("x509", "-req", "-in", str(csr), "-CA", str(ca_cert), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-out", str(cert), "-days", "30", "-extfile", str(ext))
+    return cert, key
+
+
+def thumbprint(cert: Path) -> str:
+    out = subprocess.run(["openssl", "x509", "-in", str(cert), "-noout", "-fingerprint", "-sha1"],
+                         check=True, capture_output=True, text=True).stdout
+    return out.strip().split("=", 1)[1].replace(":", "")

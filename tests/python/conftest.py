@@ -1,0 +1,27 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hubkit import Hub, binary  # noqa: E402
+
+
+def pytest_sessionstart(session):
+    if not os.path.exists(binary()):
+        raise pytest.UsageError(f"ferrohub binary not found at {binary()}; run cargo build --release first")
+
+
+@pytest.fixture
+def hub(tmp_path):
+    h = Hub(tmp_path / "hub").start()
+    yield h
+    if h.proc and h.proc.poll() is None:
+        h.kill()
+
+
+@pytest.fixture
+def owner(hub):
+    """An iothubowner token for the hub."""
+    return hub.token("iothubowner")
