@@ -14,7 +14,12 @@ cargo build --release --workspace --all-targets
 OUT="${OUT:-./bench-results}"
 mkdir -p "$OUT"
 WORK="$(mktemp -d)"
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+cleanup() {
+    kill $(jobs -p) 2>/dev/null || true
+    wait 2>/dev/null || true
+    rm -rf "$WORK" || true
+}
+trap cleanup EXIT
 LOADGEN="$CARGO_TARGET_DIR/release/loadgen"
 
 # ferrohub on its own ports; its CA and server certificate also serve Mosquitto's TLS listener.
@@ -27,6 +32,9 @@ start_mosquitto() { # $1 = persistence true|false, $2 = port
     local conf="$WORK/mosquitto-$1.conf"
     mkdir -p "$WORK/mosq-$1"
     cat >"$conf" <<CONF
+# Run as the invoking user: Mosquitto started as root otherwise drops to "mosquitto", which
+# cannot read the hub's private key (mode 0600).
+user $(id -un)
 listener $2 127.0.0.1
 cafile $TLS/ca.pem
 certfile $TLS/server.pem
@@ -43,23 +51,35 @@ CONF
 start_mosquitto false 28883
 start_mosquitto true 28884
 
-run() { # name devices messages-per-device target port
-    local name="$1" devices="$2" per="$3" target="$4" port="$5"
+REPEAT="${REPEAT:-3}"
+
+run() { # name devices messages-per-device target port repetition
+    local name="$1" devices="$2" per="$3" target="$4" port="$5" rep="$6"
     "$LOADGEN" --target "$target" --host localhost --mqtt-port "$port" --https-port 18443 --ca "$TLS/ca.pem" \
         ${OWNER:+--owner "$OWNER"} --devices "$devices" --messages-per-device "$per" --payload-bytes 256 \
-        --inflight 10 --prefix "b$devices-" --time-limit 300 >"$OUT/$name-$devices.json"
-    python3 - "$OUT/$name-$devices.json" "$name" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"{sys.argv[2]:<22} {r['devices']:>6} {r['acknowledged']:>8} {r['throughput_msgs_per_s']:>12.0f} "
-      f"{r['puback_latency']['p50_ms']:>9.2f} {r['puback_latency']['p99_ms']:>9.2f} {r['errors']:>6}")
-PY
+        --inflight 10 --prefix "b$devices-" --time-limit 300 >"$OUT/$name-$devices-$rep.json"
 }
 
-printf "%-22s %6s %8s %12s %9s %9s %6s\n" target devices acked "msgs/s" "p50 ms" "p99 ms" errors
-for spec in "1 5000" "100 200" "1000 20"; do
-    set -- $spec
-    run ferrohub "$1" "$2" ferrohub 18883
-    run mosquitto "$1" "$2" plain 28883
-    run mosquitto-persistent "$1" "$2" plain 28884
+# Interleaved repetitions, so drift on a shared machine hits every target alike.
+for rep in $(seq 1 "$REPEAT"); do
+    for spec in "1 5000" "100 200" "1000 20"; do
+        set -- $spec
+        run ferrohub "$1" "$2" ferrohub 18883 "$rep"
+        run mosquitto "$1" "$2" plain 28883 "$rep"
+        run mosquitto-persistent "$1" "$2" plain 28884 "$rep"
+    done
 done
+
+python3 - "$OUT" "$REPEAT" <<'PY'
+import json, statistics, sys
+out, reps = sys.argv[1], int(sys.argv[2])
+print(f"medians of {reps} runs (QoS 1, 256-byte payloads, 10 in flight per device, TLS)")
+print(f"{'target':<22} {'devices':>7} {'msgs/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}  runs msgs/s")
+for devices in (1, 100, 1000):
+    for name in ("ferrohub", "mosquitto", "mosquitto-persistent"):
+        runs = [json.load(open(f"{out}/{name}-{devices}-{r}.json")) for r in range(1, reps + 1)]
+        med = lambda f: statistics.median(f(r) for r in runs)
+        print(f"{name:<22} {devices:>7} {med(lambda r: r['throughput_msgs_per_s']):>9.0f} "
+              f"{med(lambda r: r['puback_latency']['p50_ms']):>8.2f} {med(lambda r: r['puback_latency']['p99_ms']):>8.2f} "
+              f"{sum(r['errors'] for r in runs):>6}  " + " ".join(f"{r['throughput_msgs_per_s']:.0f}" for r in runs))
+PY

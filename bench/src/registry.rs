@@ -27,7 +27,7 @@ pub async fn register(
             })
             .collect();
         let body = serde_json::to_vec(&items)?;
-        let status = request(
+        let (status, _) = request(
             tls,
             host,
             port,
@@ -44,34 +44,8 @@ pub async fn register(
     Ok(())
 }
 
-/// One request; returns the status code.
-pub async fn request(
-    tls: &TlsConnector,
-    host: &str,
-    port: u16,
-    method: &str,
-    path: &str,
-    token: &str,
-    body: &[u8],
-) -> anyhow::Result<u16> {
-    Ok(exchange(tls, host, port, method, path, token, body)
-        .await?
-        .0)
-}
-
-/// `GET`; returns the status code and the body.
-pub async fn get(
-    tls: &TlsConnector,
-    host: &str,
-    port: u16,
-    path: &str,
-    token: &str,
-) -> anyhow::Result<(u16, Vec<u8>)> {
-    exchange(tls, host, port, "GET", path, token, b"").await
-}
-
 /// One request with `Connection: close`; returns the status and the (un-chunked) body.
-async fn exchange(
+pub async fn request(
     tls: &TlsConnector,
     host: &str,
     port: u16,

@@ -72,14 +72,13 @@ async fn pipelined_publishes_keep_their_order() -> anyhow::Result<()> {
         }
     }
 
-    let (status, body) = registry::get(
-        &tls,
-        "localhost",
-        hub.https_port,
-        "/events/partitions?api-version=2021-04-12",
-        &hub.token("iothubowner"),
-    )
-    .await?;
+    let token = hub.token("iothubowner");
+    let port = hub.https_port;
+    let get = |path: String| {
+        let (tls, token) = (&tls, &token);
+        async move { registry::request(tls, "localhost", port, "GET", &path, token, b"").await }
+    };
+    let (status, body) = get("/events/partitions?api-version=2021-04-12".into()).await?;
     assert_eq!(status, 200);
     let partitions: serde_json::Value = serde_json::from_slice(&body)?;
     let mut bodies = Vec::new();
@@ -88,14 +87,7 @@ async fn pipelined_publishes_keep_their_order() -> anyhow::Result<()> {
         let mut seq = 0u64;
         loop {
             let path = format!("/events/consumergroups/$Default/partitions/{pid}/messages?sequenceNumber={seq}&max=1000");
-            let (status, body) = registry::get(
-                &tls,
-                "localhost",
-                hub.https_port,
-                &path,
-                &hub.token("iothubowner"),
-            )
-            .await?;
+            let (status, body) = get(path).await?;
             assert_eq!(status, 200);
             let batch: serde_json::Value = serde_json::from_slice(&body)?;
             let events = batch["events"].as_array().expect("events");
