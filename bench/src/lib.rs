@@ -6,4 +6,5 @@
 
 pub mod client;
 pub mod registry;
+pub mod segment;
 pub mod stats;

@@ -104,3 +104,30 @@ def test_readme_run_command_starts_a_hub(tmp_path):
         timer.cancel()
         proc.terminate()
         proc.wait(30)
+
+
+def test_ca_cli_registers_cas_for_a_stopped_hub(tmp_path):
+    """SEC-3: `ferrohub ca add|list|remove` manage CAs offline; the REST API sees the result."""
+    import certs
+    hub = Hub(tmp_path / "hub").start()
+    hub.stop()
+    ca_cert, ca_key = certs.ca(tmp_path, "cli")
+    assert hub.cli("ca", "add", "--name", "cli-ca", "--pem", str(ca_cert)) == "registered CA cli-ca"
+    assert hub.cli("ca", "list") == f"cli-ca\t{certs.thumbprint(ca_cert)}"
+    leaf, _ = certs.signed_by(tmp_path, "leaf", ca_cert, ca_key)
+    with pytest.raises(RuntimeError, match="not a CA"):
+        hub.cli("ca", "add", "--name", "leaf", "--pem", str(leaf))
+    hub.start()
+    try:
+        listed = hub.request("GET", "/certificates", hub.token()).json()
+        assert [(c["name"], c["thumbprint"]) for c in listed] == [("cli-ca", certs.thumbprint(ca_cert))]
+        # While the hub runs, the CLI cannot write and says where to go instead.
+        with pytest.raises(RuntimeError, match="REST API"):
+            hub.cli("ca", "remove", "--name", "cli-ca")
+        assert hub.request("DELETE", "/certificates/cli-ca", hub.token()).status_code == 204
+        assert hub.request("GET", "/certificates", hub.token()).json() == []
+        assert hub.request("DELETE", "/certificates/cli-ca", hub.token()).status_code == 404
+        assert hub.request("PUT", "/certificates/x", hub.token("registryRead"), json={"certificate": ca_cert.read_text()}).status_code == 401
+        assert hub.request("PUT", "/certificates/x", hub.token(), json={"certificate": "not a pem"}).status_code == 400
+    finally:
+        hub.stop()
