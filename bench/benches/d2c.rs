@@ -7,9 +7,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ferrohub_bench::run_concurrently;
 use ferrohub_bench::segment::SegmentLog;
 use ferrohub_engine::d2c::{NewEvent, ReadPosition};
 use ferrohub_engine::model::UnixMillis;
@@ -30,24 +31,6 @@ fn event(device: u64) -> NewEvent {
     }
 }
 
-/// Runs `iters` operations spread over `writers` threads; returns the wall time per `iters`.
-fn concurrently(writers: u64, iters: u64, op: Arc<dyn Fn(u64) + Send + Sync>) -> Duration {
-    let per = iters.div_ceil(writers);
-    let start = Instant::now();
-    let handles: Vec<_> = (0..writers)
-        .map(|w| {
-            let op = Arc::clone(&op);
-            std::thread::spawn(move || (0..per).for_each(|_| op(w)))
-        })
-        .collect();
-    for h in handles {
-        h.join().expect("writer");
-    }
-    start
-        .elapsed()
-        .mul_f64(iters as f64 / (per * writers) as f64)
-}
-
 fn append(c: &mut Criterion) {
     let mut g = c.benchmark_group("d2c_append");
     g.sample_size(10)
@@ -64,7 +47,7 @@ fn append(c: &mut Criterion) {
         g.bench_with_input(
             BenchmarkId::new("rocksdb/writers", writers),
             &writers,
-            |b, &w| b.iter_custom(|iters| concurrently(w, iters, Arc::clone(&op))),
+            |b, &w| b.iter_custom(|iters| run_concurrently(w, iters, Arc::clone(&op))),
         );
 
         let dir = tempfile::tempdir().expect("dir");
@@ -75,7 +58,7 @@ fn append(c: &mut Criterion) {
         g.bench_with_input(
             BenchmarkId::new("segment_file/writers", writers),
             &writers,
-            |b, &w| b.iter_custom(|iters| concurrently(w, iters, Arc::clone(&op))),
+            |b, &w| b.iter_custom(|iters| run_concurrently(w, iters, Arc::clone(&op))),
         );
     }
     g.finish();

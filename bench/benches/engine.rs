@@ -6,9 +6,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ferrohub_bench::run_concurrently;
 use ferrohub_engine::model::{IdentitySpec, UnixMillis};
 use ferrohub_engine::{Store, StoreConfig};
 
@@ -47,32 +48,6 @@ fn identity(c: &mut Criterion) {
     g.finish();
 }
 
-/// `iters` synced commits spread over `writers` threads; returns the wall time for all of them.
-fn concurrent_commits(s: &Arc<Store>, writers: u64, iters: u64, next: &Arc<AtomicU64>) -> Duration {
-    let per_writer = iters.div_ceil(writers);
-    let start = Instant::now();
-    let handles: Vec<_> = (0..writers)
-        .map(|_| {
-            let s = Arc::clone(s);
-            let next = Arc::clone(next);
-            std::thread::spawn(move || {
-                for _ in 0..per_writer {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    s.create_device(&format!("gc-{n}"), &IdentitySpec::default(), NOW)
-                        .expect("create");
-                }
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().expect("writer thread");
-    }
-    // Report per requested iteration even when rounding added a few commits.
-    start
-        .elapsed()
-        .mul_f64(iters as f64 / (per_writer * writers) as f64)
-}
-
 fn group_commit(c: &mut Criterion) {
     let mut g = c.benchmark_group("synced_commit");
     g.sample_size(10).measurement_time(Duration::from_secs(8));
@@ -80,8 +55,15 @@ fn group_commit(c: &mut Criterion) {
     for writers in [1u64, 8, 64] {
         let (_dir, s) = store();
         let next = Arc::new(AtomicU64::new(0));
+        let store = Arc::clone(&s);
+        let op: Arc<dyn Fn(u64) + Send + Sync> = Arc::new(move |_| {
+            let n = next.fetch_add(1, Ordering::Relaxed);
+            store
+                .create_device(&format!("gc-{n}"), &IdentitySpec::default(), NOW)
+                .expect("create");
+        });
         g.bench_with_input(BenchmarkId::new("writers", writers), &writers, |b, &w| {
-            b.iter_custom(|iters| concurrent_commits(&s, w, iters, &next))
+            b.iter_custom(|iters| run_concurrently(w, iters, Arc::clone(&op)))
         });
         let stats = s.commit_stats();
         eprintln!(

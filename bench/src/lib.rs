@@ -8,3 +8,28 @@ pub mod client;
 pub mod registry;
 pub mod segment;
 pub mod stats;
+
+/// Runs `iters` calls of `op` spread evenly over `writers` threads (each call gets its thread's
+/// index) and returns the wall time scaled to exactly `iters` calls: the measurement for
+/// criterion's `iter_custom` when a bench is about concurrency.
+pub fn run_concurrently(
+    writers: u64,
+    iters: u64,
+    op: std::sync::Arc<dyn Fn(u64) + Send + Sync>,
+) -> std::time::Duration {
+    let per = iters.div_ceil(writers.max(1));
+    let start = std::time::Instant::now();
+    let handles: Vec<_> = (0..writers)
+        .map(|w| {
+            let op = std::sync::Arc::clone(&op);
+            std::thread::spawn(move || (0..per).for_each(|_| op(w)))
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("bench thread");
+    }
+    // Rounding may add a few calls; report per requested call.
+    start
+        .elapsed()
+        .mul_f64(iters as f64 / (per * writers.max(1)) as f64)
+}
