@@ -342,6 +342,15 @@ fn reply(r: Result<Response, ApiError>) -> Result<Response, Rejection> {
     r.map_err(warp::reject::custom)
 }
 
+fn read_body(pid: u16, events: Vec<D2cEvent>) -> serde_json::Value {
+    let next = events.last().map(|e| e.sequence_number + 1);
+    serde_json::json!({
+        "partitionId": pid.to_string(),
+        "events": events.into_iter().map(EventJson::from).collect::<Vec<_>>(),
+        "nextSequenceNumber": next,
+    })
+}
+
 /// A batch read; with `timeout` (seconds) it waits for events when there are none yet.
 async fn read_handler(
     group: PathId,
@@ -378,16 +387,17 @@ async fn read_handler(
                     .await?;
                 let done = !events.is_empty() || tokio::time::Instant::now() >= deadline;
                 if done {
-                    let next = events.last().map(|e| e.sequence_number + 1);
-                    let body = serde_json::json!({
-                        "partitionId": pid.to_string(),
-                        "events": events.into_iter().map(EventJson::from).collect::<Vec<_>>(),
-                        "nextSequenceNumber": next,
-                    });
-                    return Ok(json_reply(&body));
+                    return Ok(json_reply(&read_body(pid, events)));
                 }
                 // Wake on the next durable append to this partition, or give up at the deadline.
-                let _ = tokio::time::timeout_at(deadline, watch.changed()).await;
+                // A closed channel (the node is stopping) ends the wait: read once more, answer.
+                if let Ok(Err(_)) = tokio::time::timeout_at(deadline, watch.changed()).await {
+                    let events = ctx
+                        .store
+                        .run(move |s| s.read_events(pid, position, max))
+                        .await?;
+                    return Ok(json_reply(&read_body(pid, events)));
+                }
             }
         }
         .await,
