@@ -9,6 +9,7 @@
 //! - [`hub`]: hub settings and shared access policies.
 //! - [`d2c`]: device-to-cloud partitions, consumer groups, checkpoints, retention.
 //! - [`sessions`]: persistent MQTT sessions (subscriptions per client id).
+//! - [`twin`]: twin section rules (limits, merge patches, versions, metadata).
 //! - [`error`]: one error enum per kind of operation, wrapping [`StorageError`].
 //! - Record framing and schema versions live in `ferrohub-migrations`.
 //!
@@ -38,6 +39,7 @@ pub mod model;
 mod raw;
 pub mod sessions;
 mod stripes;
+pub mod twin;
 
 use std::path::Path;
 
