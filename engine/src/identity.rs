@@ -251,9 +251,11 @@ impl<'a> Txn<'a> {
             .ok_or_else(|| RegistryError::DeviceNotFound(id.to_string()))?;
         if_match.check(&current.etag)?;
         self.batch.delete(cf::SESSIONS, id.as_bytes().to_vec());
+        self.batch.delete(cf::TWINS, keys::twin(id, None));
         for mid in self.module_ids(id)? {
             self.batch
                 .delete(cf::SESSIONS, format!("{id}/{mid}").into_bytes());
+            self.batch.delete(cf::TWINS, keys::twin(id, Some(&mid)));
             self.batch.delete(cf::MODULES, keys::module(id, &mid));
             self.modules.insert((id.to_string(), mid), None);
         }
@@ -349,6 +351,8 @@ impl<'a> Txn<'a> {
             cf::SESSIONS,
             format!("{device_id}/{module_id}").into_bytes(),
         );
+        self.batch
+            .delete(cf::TWINS, keys::twin(device_id, Some(module_id)));
         self.batch
             .delete(cf::MODULES, keys::module(device_id, module_id));
         self.modules

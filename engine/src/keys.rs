@@ -135,3 +135,20 @@ pub mod d2c {
         }
     }
 }
+
+/// Key of a twin in `twins`: `d ‖ deviceId` for a device, `m ‖ len ‖ deviceId ‖ len ‖ moduleId`
+/// for a module. The kind byte keeps the two key shapes from ever meeting.
+pub fn twin(device_id: &str, module_id: Option<&str>) -> Vec<u8> {
+    match module_id {
+        None => {
+            let mut k = vec![b'd'];
+            k.extend_from_slice(device_id.as_bytes());
+            k
+        }
+        Some(m) => {
+            let mut k = vec![b'm'];
+            k.extend_from_slice(&module(device_id, m));
+            k
+        }
+    }
+}

@@ -267,3 +267,48 @@ fn x509_and_none_authentication() {
         AuthType::None
     );
 }
+
+#[test]
+fn twins_die_with_their_identities() {
+    use ferrohub_engine::twin::store::TwinWrite;
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open(dir.path());
+    store
+        .create_device("d", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    store
+        .create_module("d", "m", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    let tags = serde_json::json!({"a": 1}).as_object().cloned();
+    let write = TwinWrite {
+        tags,
+        desired: None,
+    };
+    store
+        .update_twin("d", None, &write, &IfMatch::Any, common::T0)
+        .unwrap();
+    store
+        .update_twin("d", Some("m"), &write, &IfMatch::Any, common::T0)
+        .unwrap();
+    store.delete_module("d", "m", &IfMatch::Any).unwrap();
+    store
+        .create_module("d", "m", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    assert!(store
+        .get_twin("d", Some("m"))
+        .unwrap()
+        .record
+        .tags
+        .is_empty());
+    assert_eq!(store.get_twin("d", None).unwrap().record.tags.len(), 1);
+    store.delete_device("d", &IfMatch::Any).unwrap();
+    store
+        .create_device("d", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    let fresh = store.get_twin("d", None).unwrap().record;
+    assert!(fresh.tags.is_empty());
+    assert_eq!(
+        (fresh.version, fresh.desired.version, fresh.reported.version),
+        (1, 1, 1)
+    );
+}

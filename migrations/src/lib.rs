@@ -21,6 +21,7 @@ pub mod record;
 mod m0001_initial;
 pub mod m0002_registry_counters;
 mod m0003_telemetry;
+mod m0004_twins;
 
 /// Column family names as they exist on disk. Steps and the engine use these constants only.
 pub mod cf {
@@ -38,10 +39,12 @@ pub mod cf {
     pub const D2C_STATE: &str = "d2c_state";
     /// Persistent MQTT sessions (CleanSession=0), keyed by client id (since version 3).
     pub const SESSIONS: &str = "sessions";
+    /// Device and module twins (since version 4).
+    pub const TWINS: &str = "twins";
 
     /// Every column family of the latest version.
-    pub const ALL: [&str; 7] = [
-        META, DEVICES, MODULES, COUNTERS, D2C_EVENTS, D2C_STATE, SESSIONS,
+    pub const ALL: [&str; 8] = [
+        META, DEVICES, MODULES, COUNTERS, D2C_EVENTS, D2C_STATE, SESSIONS, TWINS,
     ];
 }
 
@@ -92,6 +95,7 @@ pub const MIGRATIONS: &[Migration] = &[
     m0001_initial::MIGRATION,
     m0002_registry_counters::MIGRATION,
     m0003_telemetry::MIGRATION,
+    m0004_twins::MIGRATION,
 ];
 
 /// The version this build writes.

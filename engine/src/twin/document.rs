@@ -65,7 +65,7 @@ pub struct Section {
     pub metadata: MetaNode,
 }
 
-mod json_text {
+pub(crate) mod json_text {
     use serde::{Deserialize, Deserializer, Serializer};
     use serde_json::{Map, Value};
 

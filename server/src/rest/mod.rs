@@ -13,6 +13,7 @@ mod identities;
 pub mod identity_json;
 mod statistics;
 mod telemetry;
+pub mod twins;
 pub mod ws;
 
 use std::str::FromStr;
@@ -160,7 +161,9 @@ pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
         .unify()
         .or(events::routes(ctx.clone()))
         .unify()
-        .or(certificates::routes(ctx))
+        .or(certificates::routes(ctx.clone()))
+        .unify()
+        .or(twins::routes(ctx))
         .unify()
         .recover(error::recover)
         .unify()

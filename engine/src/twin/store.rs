@@ -1,0 +1,270 @@
+//! Twins stored with their identities (TWN-1..TWN-5): read, service-side patch and replace of
+//! tags and desired properties with the twin etag, and device-side reported patches.
+//!
+//! # Invariants
+//! - A twin lives exactly as long as its identity: deleting a device or module deletes its twin
+//!   record in the same batch; an identity without a record has the empty twin.
+//! - Every change raises the twin `version` by one and gives a new `etag`; the changed section's
+//!   `$version` rises by one (tags have no version of their own).
+//! - Nothing is stored unless the whole change passes the TWN-7 limits, sizes computed on the
+//!   result.
+//! - Read-modify-write runs under the device's stripe lock, like every registry write.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use ferrohub_migrations::cf;
+
+use super::document::{json_text, Section};
+use super::limits::{check_section, check_size, SectionKind};
+use crate::error::{RegistryError, StorageError};
+use crate::keys;
+use crate::model::{next_etag, Identity, IfMatch, UnixMillis};
+use crate::raw::Batch;
+use crate::Store;
+
+/// A stored twin (identity fields come from the identity record).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TwinRecord {
+    #[serde(with = "json_text")]
+    pub tags: Map<String, Value>,
+    pub desired: Section,
+    pub reported: Section,
+    pub version: u64,
+    pub etag: String,
+}
+
+impl TwinRecord {
+    /// The twin of a new identity.
+    pub fn empty(created: UnixMillis) -> Self {
+        TwinRecord {
+            tags: Map::new(),
+            desired: Section::new(created),
+            reported: Section::new(created),
+            version: 1,
+            etag: next_etag(None),
+        }
+    }
+}
+
+/// A twin with the identity it belongs to.
+#[derive(Debug, Clone)]
+pub struct Twin {
+    pub identity: Identity,
+    pub record: TwinRecord,
+}
+
+/// What a service-side write asks for: `None` leaves a part alone.
+#[derive(Debug, Clone, Default)]
+pub struct TwinWrite {
+    pub tags: Option<Map<String, Value>>,
+    pub desired: Option<Map<String, Value>>,
+}
+
+/// The result of a write, with what changed in desired (for notifications).
+#[derive(Debug, Clone)]
+pub struct TwinOutcome {
+    pub twin: Twin,
+    /// The desired change as the service sent it, with the new desired version; `None` when
+    /// desired did not change.
+    pub desired_change: Option<(Map<String, Value>, u64)>,
+}
+
+fn invalid(e: crate::error::ValidationError) -> RegistryError {
+    RegistryError::Invalid(e)
+}
+
+impl Store {
+    fn load_identity(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+    ) -> Result<Identity, RegistryError> {
+        match module_id {
+            Some(m) => self.get_module(device_id, m),
+            None => self.get_device(device_id),
+        }
+    }
+
+    fn load_twin_record(&self, identity: &Identity) -> Result<TwinRecord, StorageError> {
+        let key = keys::twin(&identity.device_id, identity.module_id.as_deref());
+        Ok(self
+            .raw
+            .get_record::<TwinRecord>(cf::TWINS, &key)?
+            .unwrap_or_else(|| TwinRecord {
+                etag: initial_etag(identity),
+                ..TwinRecord::empty(identity.status_updated_time)
+            }))
+    }
+
+    /// The twin of a device (`module_id` `None`) or module.
+    ///
+    /// # Errors
+    /// [`RegistryError::DeviceNotFound`], [`RegistryError::ModuleNotFound`] or storage errors.
+    pub fn get_twin(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+    ) -> Result<Twin, RegistryError> {
+        let identity = self.load_identity(device_id, module_id)?;
+        let record = self.load_twin_record(&identity)?;
+        Ok(Twin { identity, record })
+    }
+
+    fn write_twin(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+        if_match: &IfMatch,
+        change: impl FnOnce(
+            &mut TwinRecord,
+            UnixMillis,
+        ) -> Result<Option<(Map<String, Value>, u64)>, RegistryError>,
+        now: UnixMillis,
+    ) -> Result<TwinOutcome, RegistryError> {
+        let _guard = self.stripes.lock(device_id);
+        let identity = self.load_identity(device_id, module_id)?;
+        let mut record = self.load_twin_record(&identity)?;
+        if_match.check(&record.etag)?;
+        let desired_change = change(&mut record, now)?;
+        check_size(SectionKind::Tags, &record.tags).map_err(invalid)?;
+        check_size(SectionKind::Desired, &record.desired.body).map_err(invalid)?;
+        check_size(SectionKind::Reported, &record.reported.body).map_err(invalid)?;
+        record.version += 1;
+        record.etag = next_etag(Some(&record.etag));
+        let mut batch = Batch::default();
+        batch.put_record(cf::TWINS, keys::twin(device_id, module_id), &record);
+        self.raw.commit(batch)?;
+        Ok(TwinOutcome {
+            twin: Twin { identity, record },
+            desired_change,
+        })
+    }
+
+    /// Service-side partial update (PATCH): tags and desired merge (`null` removes).
+    ///
+    /// # Errors
+    /// Not found, [`RegistryError::EtagMismatch`], [`RegistryError::Invalid`] (TWN-7) or storage;
+    /// on any error nothing is stored.
+    pub fn update_twin(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+        write: &TwinWrite,
+        if_match: &IfMatch,
+        now: UnixMillis,
+    ) -> Result<TwinOutcome, RegistryError> {
+        if let Some(t) = &write.tags {
+            check_section(SectionKind::Tags, t, true).map_err(invalid)?;
+        }
+        if let Some(d) = &write.desired {
+            check_section(SectionKind::Desired, d, true).map_err(invalid)?;
+        }
+        self.write_twin(
+            device_id,
+            module_id,
+            if_match,
+            |r, now| {
+                if let Some(t) = &write.tags {
+                    merge_plain(&mut r.tags, t);
+                }
+                Ok(write
+                    .desired
+                    .as_ref()
+                    .map(|d| (d.clone(), r.desired.patch(d, now))))
+            },
+            now,
+        )
+    }
+
+    /// Service-side replacement (PUT): the given parts replace tags and desired whole.
+    ///
+    /// # Errors
+    /// As [`Store::update_twin`].
+    pub fn replace_twin(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+        write: &TwinWrite,
+        if_match: &IfMatch,
+        now: UnixMillis,
+    ) -> Result<TwinOutcome, RegistryError> {
+        if let Some(t) = &write.tags {
+            check_section(SectionKind::Tags, t, false).map_err(invalid)?;
+        }
+        if let Some(d) = &write.desired {
+            check_section(SectionKind::Desired, d, false).map_err(invalid)?;
+        }
+        self.write_twin(
+            device_id,
+            module_id,
+            if_match,
+            |r, now| {
+                if let Some(t) = &write.tags {
+                    r.tags = t.clone();
+                }
+                Ok(write
+                    .desired
+                    .as_ref()
+                    .map(|d| (d.clone(), r.desired.replace(d, now))))
+            },
+            now,
+        )
+    }
+
+    /// Device-side reported patch; returns the new reported `$version`.
+    ///
+    /// # Errors
+    /// Not found, [`RegistryError::Invalid`] (TWN-7) or storage; on error nothing is stored.
+    pub fn patch_reported(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+        patch: &Map<String, Value>,
+        now: UnixMillis,
+    ) -> Result<u64, RegistryError> {
+        check_section(SectionKind::Reported, patch, true).map_err(invalid)?;
+        let outcome = self.write_twin(
+            device_id,
+            module_id,
+            &IfMatch::Any,
+            |r, now| {
+                r.reported.patch(patch, now);
+                Ok(None)
+            },
+            now,
+        )?;
+        Ok(outcome.twin.record.reported.version)
+    }
+}
+
+/// The etag of a twin that has no record yet: stable for the identity's generation.
+fn initial_etag(identity: &Identity) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(format!("{}:1", identity.generation_id))
+}
+
+/// Merge-patch for tags (no metadata): `null` removes, objects merge, anything else replaces.
+fn merge_plain(target: &mut Map<String, Value>, patch: &Map<String, Value>) {
+    for (k, v) in patch {
+        match v {
+            Value::Null => {
+                target.remove(k);
+            }
+            Value::Object(inner) => {
+                let slot = target
+                    .entry(k.clone())
+                    .or_insert_with(|| Value::Object(Map::new()));
+                if !slot.is_object() {
+                    *slot = Value::Object(Map::new());
+                }
+                if let Value::Object(child) = slot {
+                    merge_plain(child, inner);
+                }
+            }
+            other => {
+                target.insert(k.clone(), other.clone());
+            }
+        }
+    }
+}
