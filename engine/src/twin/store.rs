@@ -154,27 +154,7 @@ impl Store {
         if_match: &IfMatch,
         now: UnixMillis,
     ) -> Result<TwinOutcome, RegistryError> {
-        if let Some(t) = &write.tags {
-            check_section(SectionKind::Tags, t, true).map_err(invalid)?;
-        }
-        if let Some(d) = &write.desired {
-            check_section(SectionKind::Desired, d, true).map_err(invalid)?;
-        }
-        self.write_twin(
-            device_id,
-            module_id,
-            if_match,
-            |r, now| {
-                if let Some(t) = &write.tags {
-                    merge_plain(&mut r.tags, t);
-                }
-                Ok(write
-                    .desired
-                    .as_ref()
-                    .map(|d| (d.clone(), r.desired.patch(d, now))))
-            },
-            now,
-        )
+        self.service_write(device_id, module_id, write, if_match, now, true)
     }
 
     /// Service-side replacement (PUT): the given parts replace tags and desired whole.
@@ -189,11 +169,24 @@ impl Store {
         if_match: &IfMatch,
         now: UnixMillis,
     ) -> Result<TwinOutcome, RegistryError> {
+        self.service_write(device_id, module_id, write, if_match, now, false)
+    }
+
+    /// `merge`: a patch (`null` removes); otherwise the given parts are replaced.
+    fn service_write(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+        write: &TwinWrite,
+        if_match: &IfMatch,
+        now: UnixMillis,
+        merge: bool,
+    ) -> Result<TwinOutcome, RegistryError> {
         if let Some(t) = &write.tags {
-            check_section(SectionKind::Tags, t, false).map_err(invalid)?;
+            check_section(SectionKind::Tags, t, merge).map_err(invalid)?;
         }
         if let Some(d) = &write.desired {
-            check_section(SectionKind::Desired, d, false).map_err(invalid)?;
+            check_section(SectionKind::Desired, d, merge).map_err(invalid)?;
         }
         self.write_twin(
             device_id,
@@ -201,12 +194,20 @@ impl Store {
             if_match,
             |r, now| {
                 if let Some(t) = &write.tags {
-                    r.tags = t.clone();
+                    if merge {
+                        merge_plain(&mut r.tags, t);
+                    } else {
+                        r.tags = t.clone();
+                    }
                 }
-                Ok(write
-                    .desired
-                    .as_ref()
-                    .map(|d| (d.clone(), r.desired.replace(d, now))))
+                Ok(write.desired.as_ref().map(|d| {
+                    let version = if merge {
+                        r.desired.patch(d, now)
+                    } else {
+                        r.desired.replace(d, now)
+                    };
+                    (d.clone(), version)
+                }))
             },
             now,
         )
