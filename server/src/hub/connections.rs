@@ -11,7 +11,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+/// What the hub pushes to a connected device, outside any request of its own.
+#[derive(Debug, Clone)]
+pub enum Outbound {
+    /// A desired-properties change (TWN-8): the JSON body as the back-end sent it, with
+    /// `$version`.
+    DesiredPatch { version: u64, body: Vec<u8> },
+}
+
+/// Outbound messages a connection may have queued; beyond this they are dropped (a twin
+/// notification is not kept: the device converges by a twin GET, TWN-8).
+pub const OUTBOUND_QUEUE: usize = 64;
 
 /// Why a connection was told to close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +37,7 @@ pub enum KickReason {
 
 struct Entry {
     id: u64,
+    outbound: mpsc::Sender<Outbound>,
     device_id: String,
     is_module: bool,
     kick: CancellationToken,
@@ -90,12 +104,14 @@ impl Connections {
         client_id: &str,
         device_id: &str,
         is_module: bool,
+        outbound: mpsc::Sender<Outbound>,
     ) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let kick = CancellationToken::new();
         let reason = Arc::new(Mutex::new(None));
         let entry = Entry {
             id,
+            outbound,
             device_id: device_id.to_string(),
             is_module,
             kick: kick.clone(),
@@ -141,6 +157,15 @@ impl Connections {
         }
     }
 
+    /// Queues a message for a connected client; false if it is not connected or its queue is
+    /// full (the message is then dropped).
+    pub fn notify(&self, client_id: &str, message: Outbound) -> bool {
+        match self.entries.lock().get(client_id) {
+            Some(e) => e.outbound.try_send(message).is_ok(),
+            None => false,
+        }
+    }
+
     /// Devices (not modules) connected now.
     pub fn connected_devices(&self) -> u64 {
         self.connected_devices.load(Ordering::Relaxed)
@@ -151,11 +176,15 @@ impl Connections {
 mod tests {
     use super::*;
 
+    fn tx() -> mpsc::Sender<Outbound> {
+        mpsc::channel(1).0
+    }
+
     #[test]
     fn newer_connection_kicks_older_and_older_cannot_evict_it() {
         let c = Connections::new();
-        let first = c.register("d", "d", false);
-        let second = c.register("d", "d", false);
+        let first = c.register("d", "d", false, tx());
+        let second = c.register("d", "d", false, tx());
         assert!(first.kicked.is_cancelled());
         assert_eq!(first.kick_reason(), Some(KickReason::Replaced));
         assert!(!second.kicked.is_cancelled());
@@ -170,11 +199,58 @@ mod tests {
     #[test]
     fn kick_device_reaches_modules() {
         let c = Connections::new();
-        let d = c.register("d", "d", false);
-        let m = c.register("d/m", "d", true);
-        let other = c.register("d2", "d2", false);
+        let d = c.register("d", "d", false, tx());
+        let m = c.register("d/m", "d", true, tx());
+        let other = c.register("d2", "d2", false, tx());
         assert_eq!(c.kick_device("d"), 2);
         assert!(d.kicked.is_cancelled() && m.kicked.is_cancelled() && !other.kicked.is_cancelled());
         assert_eq!(c.connected_devices(), 2);
+    }
+}
+
+#[cfg(test)]
+mod notify_tests {
+    use super::*;
+
+    #[test]
+    fn notify_reaches_the_current_connection_only() {
+        let c = Connections::new();
+        let (tx1, mut rx1) = mpsc::channel(4);
+        let (tx2, mut rx2) = mpsc::channel(1);
+        let _a = c.register("d", "d", false, tx1);
+        assert!(c.notify(
+            "d",
+            Outbound::DesiredPatch {
+                version: 2,
+                body: b"{}".to_vec()
+            }
+        ));
+        assert!(rx1.try_recv().is_ok());
+        let _b = c.register("d", "d", false, tx2);
+        assert!(c.notify(
+            "d",
+            Outbound::DesiredPatch {
+                version: 3,
+                body: b"{}".to_vec()
+            }
+        ));
+        assert!(
+            !c.notify(
+                "d",
+                Outbound::DesiredPatch {
+                    version: 4,
+                    body: b"{}".to_vec()
+                }
+            ),
+            "queue full: dropped"
+        );
+        assert!(rx2.try_recv().is_ok() && rx1.try_recv().is_err());
+        assert!(!c.notify(
+            "nobody",
+            Outbound::DesiredPatch {
+                version: 1,
+                body: vec![]
+            }
+        ));
     }
 }

@@ -16,7 +16,6 @@
 use std::pin::Pin;
 use std::time::Duration;
 
-use ferrohub_engine::d2c::D2cError;
 use ferrohub_engine::sessions::{SessionRecord, Subscription};
 use futures::stream::FuturesOrdered;
 use futures::{Future, SinkExt, StreamExt};
@@ -26,6 +25,7 @@ use mqtt::packet::*;
 use mqtt::QualityOfService;
 use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
@@ -33,8 +33,9 @@ use tokio_util::sync::CancellationToken;
 use super::authenticate::{authenticate, Authenticated};
 use super::codec::{CodecError, MqttCodec};
 use super::property_bag;
-use super::topics::{self, Inbound};
-use crate::hub::connections::Registration;
+use super::topics::{self, Feature, Inbound};
+use super::twin;
+use crate::hub::connections::{Outbound, Registration, OUTBOUND_QUEUE};
 use crate::hub::HubContext;
 use crate::rest::now;
 use crate::telemetry::{self, DeviceMessage};
@@ -69,7 +70,9 @@ enum End {
     StoreFailed(String),
 }
 
-type AckFuture = Pin<Box<dyn Future<Output = (Option<u16>, Result<(), D2cError>)> + Send>>;
+/// Queued work of this connection: the packets to send when it completes, or why the
+/// connection must end. Completed in order, so answers keep the order of requests.
+type Pending = Pin<Box<dyn Future<Output = Result<twin::Packets, String>> + Send>>;
 
 struct Connection<IO> {
     framed: Framed<IO, MqttCodec>,
@@ -77,7 +80,8 @@ struct Connection<IO> {
     auth: Authenticated,
     session: SessionRecord,
     persistent: bool,
-    acks: FuturesOrdered<AckFuture>,
+    pending: FuturesOrdered<Pending>,
+    outbound: mpsc::Receiver<Outbound>,
 }
 
 fn keep_alive_timeout(keep_alive: u16) -> Option<Duration> {
@@ -129,10 +133,12 @@ where
         }
     };
     let client_id = auth.who.client_id();
+    let (outbound_tx, outbound) = mpsc::channel(OUTBOUND_QUEUE);
     let registration = ctx.connections.register(
         &client_id,
         &auth.who.device_id,
         auth.who.module_id.is_some(),
+        outbound_tx,
     );
 
     let persistent = !connect.clean_session();
@@ -183,7 +189,8 @@ where
         auth: auth.clone(),
         session,
         persistent,
-        acks: FuturesOrdered::new(),
+        pending: FuturesOrdered::new(),
+        outbound,
     };
     let end = conn
         .serve(
@@ -275,18 +282,21 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         let far = Duration::from_secs(86_400 * 365);
         let mut deadline = Instant::now() + keep_alive.unwrap_or(far);
         loop {
-            let can_read = self.acks.len() < MAX_INFLIGHT;
+            let can_read = self.pending.len() < MAX_INFLIGHT;
             tokio::select! {
                 biased;
                 _ = registration.kicked.cancelled() => return End::Kicked,
                 _ = shutdown.cancelled() => return End::Shutdown,
-                Some((pkid, result)) = self.acks.next(), if !self.acks.is_empty() => {
+                Some(result) = self.pending.next(), if !self.pending.is_empty() => {
                     match result {
-                        Ok(()) => if let Some(id) = pkid {
-                            if self.framed.send(PubackPacket::new(id)).await.is_err() { return End::Closed; }
+                        Ok(packets) => for p in packets {
+                            if self.framed.send(p).await.is_err() { return End::Closed; }
                         },
-                        Err(e) => return End::StoreFailed(e.to_string()),
+                        Err(e) => return End::StoreFailed(e),
                     }
+                }
+                Some(message) = self.outbound.recv() => {
+                    if let Some(end) = self.on_outbound(message).await { return end; }
                 }
                 packet = self.framed.next(), if can_read => {
                     deadline = Instant::now() + keep_alive.unwrap_or(far);
@@ -353,17 +363,54 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     self.ctx
                         .store
                         .append_in_order(vec![event], now(), self.ctx.d2c.clone());
-                self.acks
-                    .push_back(Box::pin(async move { (pkid, appended.await.map(drop)) }));
+                self.pending.push_back(Box::pin(async move {
+                    appended.await.map_err(|e| e.to_string())?;
+                    Ok(pkid
+                        .map(|id| PubackPacket::new(id).into())
+                        .into_iter()
+                        .collect())
+                }));
                 None
             }
-            // Twin and method topics arrive with the twin and method features.
-            Inbound::TwinGet { .. }
-            | Inbound::TwinReportedPatch { .. }
-            | Inbound::MethodResponse { .. } => Some(End::Violation(format!(
+            Inbound::TwinGet { rid } => {
+                let work = twin::get(self.ctx.clone(), self.auth.who.clone(), rid, pkid);
+                self.pending
+                    .push_back(Box::pin(async move { Ok(work.await) }));
+                None
+            }
+            Inbound::TwinReportedPatch { rid } => {
+                let work = twin::patch_reported(
+                    self.ctx.clone(),
+                    self.auth.who.clone(),
+                    rid,
+                    p.payload().to_vec(),
+                    pkid,
+                );
+                self.pending
+                    .push_back(Box::pin(async move { Ok(work.await) }));
+                None
+            }
+            // Method responses arrive with the direct-methods feature.
+            Inbound::MethodResponse { .. } => Some(End::Violation(format!(
                 "{} is not served yet",
                 p.topic_name()
             ))),
+        }
+    }
+
+    /// Pushes a hub-initiated message, if the session subscribed to its feature.
+    async fn on_outbound(&mut self, message: Outbound) -> Option<End> {
+        match message {
+            Outbound::DesiredPatch { version, body } => {
+                let subscribed = self.session.subscriptions.iter().any(|s| {
+                    topics::parse_filter(&s.filter, &self.auth.who) == Some(Feature::DesiredPatches)
+                });
+                if !subscribed {
+                    return None;
+                }
+                let packet = twin::desired_notification(version, body)?;
+                self.framed.send(packet).await.err().map(|_| End::Closed)
+            }
         }
     }
 

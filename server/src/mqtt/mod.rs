@@ -7,3 +7,4 @@ pub mod codec;
 pub mod connection;
 pub mod property_bag;
 pub mod topics;
+pub mod twin;

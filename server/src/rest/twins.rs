@@ -14,6 +14,7 @@ use super::error::ApiError;
 use super::identity_json::format_time;
 use super::{authenticated, if_match, json_body, json_reply, now, Context, PathId};
 use crate::auth::{Permission, Principal};
+use crate::hub::connections::Outbound;
 
 type Response = warp::reply::Response;
 
@@ -154,6 +155,18 @@ async fn write_handler(
                     }
                 })
                 .await?;
+            // TWN-8: push the desired change, as the back-end sent it, to a connected device.
+            if let Some((mut change, version)) = outcome.desired_change.clone() {
+                change.insert("$version".into(), Value::from(version));
+                let who = &outcome.twin.identity;
+                let client_id = match &who.module_id {
+                    Some(m) => format!("{}/{m}", who.device_id),
+                    None => who.device_id.clone(),
+                };
+                let body = Value::Object(change).to_string().into_bytes();
+                ctx.connections
+                    .notify(&client_id, Outbound::DesiredPatch { version, body });
+            }
             Ok(with_etag(
                 json_reply(&twin_json(&outcome.twin)),
                 &outcome.twin.record.etag,
