@@ -25,3 +25,14 @@ def hub(tmp_path):
 def owner(hub):
     """An iothubowner token for the hub."""
     return hub.token("iothubowner")
+
+
+@pytest.fixture(scope="module")
+def sdk_hub(tmp_path_factory):
+    """A hub on the fixed ports the official device SDK uses (8883, 443): one per test module,
+    so modules that use it run one after another."""
+    h = Hub(tmp_path_factory.mktemp("sdk") / "hub")
+    h.https_addr, h.mqtt_addr = "127.0.0.1:443", "127.0.0.1:8883"
+    h.start()
+    yield h
+    h.stop()

@@ -10,18 +10,8 @@ from azure.iot.device import IoTHubDeviceClient, IoTHubModuleClient, Message, X5
 from azure.iot.device.exceptions import ClientError, CredentialError
 
 import certs
-from hubkit import Hub
 
 MESSAGES = 1000
-
-
-@pytest.fixture(scope="module")
-def sdk_hub(tmp_path_factory):
-    hub = Hub(tmp_path_factory.mktemp("sdk") / "hub")
-    hub.https_addr, hub.mqtt_addr = "127.0.0.1:443", "127.0.0.1:8883"
-    hub.start()
-    yield hub
-    hub.stop()
 
 
 def ca_text(hub):

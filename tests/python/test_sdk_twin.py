@@ -10,17 +10,7 @@ import pytest
 from azure.iot.device import IoTHubDeviceClient, IoTHubModuleClient
 from azure.iot.device.aio import IoTHubModuleClient as AsyncModuleClient
 
-from hubkit import Hub
 from mqttraw import PUBLISH, connect_device
-
-
-@pytest.fixture(scope="module")
-def sdk_hub(tmp_path_factory):
-    hub = Hub(tmp_path_factory.mktemp("sdk-twin") / "hub")
-    hub.https_addr, hub.mqtt_addr = "127.0.0.1:443", "127.0.0.1:8883"
-    hub.start()
-    yield hub
-    hub.stop()
 
 
 def patch_desired(hub, device, desired, module=None):
