@@ -70,11 +70,23 @@ impl Default for StoreConfig {
     }
 }
 
+fn next_twin_sequence(raw: &raw::Raw, version: u32) -> Result<u64, StorageError> {
+    if version < 4 {
+        return Ok(0);
+    }
+    Ok(match raw.last_key(ferrohub_migrations::cf::TWIN_CHANGES)? {
+        Some(k) if k.len() == 8 => u64::from_be_bytes(k.try_into().unwrap_or([0; 8])) + 1,
+        _ => 0,
+    })
+}
+
 /// A handle to the open database. Cheap to share behind an `Arc`; all methods take `&self`.
 pub struct Store {
     raw: raw::Raw,
     stripes: stripes::Stripes,
     partitions: d2c::Partitions,
+    /// Next twin change sequence number; held while a change is submitted (see `twin::changes`).
+    twin_sequence: Mutex<u64>,
     /// Serialises hub-settings writes (rare; never on a hot path).
     hub_lock: Mutex<()>,
 }
@@ -120,10 +132,12 @@ impl Store {
         } else {
             d2c::Partitions::load(&raw, 0)?
         };
+        let twin_sequence = Mutex::new(next_twin_sequence(&raw, version)?);
         Ok(Store {
             raw,
             stripes: stripes::Stripes::new(),
             partitions,
+            twin_sequence,
             hub_lock: Mutex::new(()),
         })
     }
@@ -141,10 +155,12 @@ impl Store {
             )?
             .unwrap_or(0);
         let partitions = d2c::Partitions::load(&raw, count)?;
+        let twin_sequence = Mutex::new(next_twin_sequence(&raw, SCHEMA_VERSION)?);
         Ok(Store {
             raw,
             stripes: stripes::Stripes::new(),
             partitions,
+            twin_sequence,
             hub_lock: Mutex::new(()),
         })
     }

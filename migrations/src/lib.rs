@@ -41,10 +41,20 @@ pub mod cf {
     pub const SESSIONS: &str = "sessions";
     /// Device and module twins (since version 4).
     pub const TWINS: &str = "twins";
+    /// Twin change records, keyed by a hub-wide sequence number (since version 4).
+    pub const TWIN_CHANGES: &str = "twin_changes";
 
     /// Every column family of the latest version.
-    pub const ALL: [&str; 8] = [
-        META, DEVICES, MODULES, COUNTERS, D2C_EVENTS, D2C_STATE, SESSIONS, TWINS,
+    pub const ALL: [&str; 9] = [
+        META,
+        DEVICES,
+        MODULES,
+        COUNTERS,
+        D2C_EVENTS,
+        D2C_STATE,
+        SESSIONS,
+        TWINS,
+        TWIN_CHANGES,
     ];
 }
 

@@ -1,5 +1,6 @@
-//! Version 4: device and module twins. A new column family only: an identity without a twin
-//! record has the empty twin (versions 1), and its record is written on the twin's first change.
+//! Version 4: device and module twins, and their change records. New column families only: an
+//! identity without a twin record has the empty twin (versions 1), and its record is written on
+//! the twin's first change.
 
 use crate::{cf, Migration, MigrationError, SchemaTarget};
 
@@ -10,5 +11,6 @@ pub(crate) const MIGRATION: Migration = Migration {
 };
 
 fn apply(db: &mut dyn SchemaTarget) -> Result<(), MigrationError> {
-    db.ensure_column_family(cf::TWINS)
+    db.ensure_column_family(cf::TWINS)?;
+    db.ensure_column_family(cf::TWIN_CHANGES)
 }

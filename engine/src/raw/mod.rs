@@ -295,6 +295,18 @@ impl Raw {
             .submit_with(batch, done)
     }
 
+    /// The last key of a column family, if it has any.
+    pub(crate) fn last_key(&self, cf: &'static str) -> Result<Option<Vec<u8>>, StorageError> {
+        let handle = self.handle(cf)?;
+        let mut it = self.db.raw_iterator_cf(handle);
+        it.seek_to_last();
+        if it.valid() {
+            return Ok(it.key().map(<[u8]>::to_vec));
+        }
+        it.status().map_err(backend)?;
+        Ok(None)
+    }
+
     pub(crate) fn commit_stats(&self) -> CommitStats {
         self.committer
             .as_ref()

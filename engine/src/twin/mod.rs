@@ -2,6 +2,7 @@
 //! per-node metadata — as pure functions over JSON ([`document`], [`limits`]), and twins stored
 //! with their identities ([`store`]).
 
+pub mod changes;
 pub mod document;
 pub mod limits;
 pub mod store;

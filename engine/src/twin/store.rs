@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 
 use ferrohub_migrations::cf;
 
+use super::changes::{self, TwinChange, TwinOp};
 use super::document::{json_text, Section};
 use super::limits::{check_section, check_size, SectionKind};
 use crate::error::{RegistryError, StorageError};
@@ -70,6 +71,14 @@ pub struct TwinOutcome {
     pub desired_change: Option<(Map<String, Value>, u64)>,
 }
 
+/// What a change did: the desired change to notify, the operation, and the change record's
+/// body (without `version`, added once the twin version is known).
+struct Applied {
+    desired_change: Option<(Map<String, Value>, u64)>,
+    op: TwinOp,
+    body: Map<String, Value>,
+}
+
 fn invalid(e: crate::error::ValidationError) -> RegistryError {
     RegistryError::Invalid(e)
 }
@@ -116,25 +125,43 @@ impl Store {
         device_id: &str,
         module_id: Option<&str>,
         if_match: &IfMatch,
-        change: impl FnOnce(
-            &mut TwinRecord,
-            UnixMillis,
-        ) -> Result<Option<(Map<String, Value>, u64)>, RegistryError>,
+        change: impl FnOnce(&mut TwinRecord, UnixMillis) -> Result<Applied, RegistryError>,
         now: UnixMillis,
     ) -> Result<TwinOutcome, RegistryError> {
         let _guard = self.stripes.lock(device_id);
         let identity = self.load_identity(device_id, module_id)?;
         let mut record = self.load_twin_record(&identity)?;
         if_match.check(&record.etag)?;
-        let desired_change = change(&mut record, now)?;
+        let Applied {
+            desired_change,
+            op,
+            mut body,
+        } = change(&mut record, now)?;
         check_size(SectionKind::Tags, &record.tags).map_err(invalid)?;
         check_size(SectionKind::Desired, &record.desired.body).map_err(invalid)?;
         check_size(SectionKind::Reported, &record.reported.body).map_err(invalid)?;
         record.version += 1;
         record.etag = next_etag(Some(&record.etag));
+        body.insert("version".into(), Value::from(record.version));
         let mut batch = Batch::default();
         batch.put_record(cf::TWINS, keys::twin(device_id, module_id), &record);
-        self.raw.commit(batch)?;
+        let ticket = {
+            // IMPORTANT: assign and submit under one lock so change records commit in order.
+            let mut next = self.twin_sequence.lock();
+            let change = TwinChange {
+                sequence: *next,
+                device_id: device_id.to_string(),
+                module_id: module_id.map(str::to_string),
+                op,
+                time: now,
+                body,
+            };
+            batch.put_record(cf::TWIN_CHANGES, changes::key(*next), &change);
+            let ticket = self.raw.submit(batch)?;
+            *next += 1;
+            ticket
+        };
+        ticket.wait()?;
         Ok(TwinOutcome {
             twin: Twin { identity, record },
             desired_change,
@@ -193,6 +220,8 @@ impl Store {
             module_id,
             if_match,
             |r, now| {
+                let mut body = Map::new();
+                let mut properties = Map::new();
                 if let Some(t) = &write.tags {
                     if merge {
                         merge_plain(&mut r.tags, t);
@@ -200,14 +229,44 @@ impl Store {
                         r.tags = t.clone();
                     }
                 }
-                Ok(write.desired.as_ref().map(|d| {
+                let desired_change = write.desired.as_ref().map(|d| {
                     let version = if merge {
                         r.desired.patch(d, now)
                     } else {
                         r.desired.replace(d, now)
                     };
                     (d.clone(), version)
-                }))
+                });
+                if merge {
+                    if let Some(t) = &write.tags {
+                        body.insert("tags".into(), Value::Object(t.clone()));
+                    }
+                    if let Some(d) = &write.desired {
+                        properties.insert(
+                            "desired".into(),
+                            changes::changed_section(&r.desired, d, true),
+                        );
+                    }
+                } else {
+                    // replaceTwin carries the whole twin.
+                    let ms = |t: UnixMillis| t.0.to_string();
+                    body.insert("tags".into(), Value::Object(r.tags.clone()));
+                    properties.insert("desired".into(), r.desired.to_json(&ms, true));
+                    properties.insert("reported".into(), r.reported.to_json(&ms, false));
+                }
+                if !properties.is_empty() {
+                    body.insert("properties".into(), Value::Object(properties));
+                }
+                let op = if merge {
+                    TwinOp::UpdateTwin
+                } else {
+                    TwinOp::ReplaceTwin
+                };
+                Ok(Applied {
+                    desired_change,
+                    op,
+                    body,
+                })
             },
             now,
         )
@@ -231,7 +290,18 @@ impl Store {
             &IfMatch::Any,
             |r, now| {
                 r.reported.patch(patch, now);
-                Ok(None)
+                let mut properties = Map::new();
+                properties.insert(
+                    "reported".into(),
+                    changes::changed_section(&r.reported, patch, false),
+                );
+                let mut body = Map::new();
+                body.insert("properties".into(), Value::Object(properties));
+                Ok(Applied {
+                    desired_change: None,
+                    op: TwinOp::UpdateTwin,
+                    body,
+                })
             },
             now,
         )?;
