@@ -157,3 +157,57 @@ def test_twin_lives_and_dies_with_its_identity(hub):
     assert hub.request("GET", "/twins/life", hub.token("registryRead")).status_code == 200
     assert patch(hub, "life", {"tags": {"a": 1}}).status_code == 200
     assert hub.request("PATCH", "/twins/life", hub.token("registryRead"), json={"tags": {"b": 1}}).status_code == 401
+
+
+REPORTED_LIMITS = {
+    "dot": {"a.b": 1},
+    "dollar": {"$a": 1},
+    "space": {"a b": 1},
+    "control": {"a\u0001b": 1},
+    "long-key": {"k" * 1025: 1},
+    "long-string": {"s": "x" * 4097},
+    "int-high": {"i": 4503599627370496},
+    "int-low": {"i": -4503599627370497},
+    "depth-11": deep(11),
+    "reported-over-32k": {f"r{i}": "x" * 4000 for i in range(9)},
+}
+
+
+@pytest.mark.parametrize("patch_body", REPORTED_LIMITS.values(), ids=REPORTED_LIMITS.keys())
+def test_limits_over_mqtt_get_400_and_change_nothing(hub, patch_body):
+    import json
+    from mqttraw import connect_device
+    from test_sdk_twin import read_publish
+    hub.create_device("mlim")
+    before = twin(hub, "mlim")
+    c = connect_device(hub, "mlim")
+    try:
+        c.publish("$iothub/twin/PATCH/properties/reported/?$rid=x", json.dumps(patch_body).encode(), qos=1, pkid=1)
+        assert c.expect_puback(1)
+        topic, _ = read_publish(c)
+        assert topic == "$iothub/twin/res/400/?$rid=x"
+    finally:
+        c.close()
+    after = twin(hub, "mlim")
+    # Connection state moved (the device connected); the twin itself did not.
+    for part in ("properties", "tags", "version", "etag"):
+        assert after[part] == before[part]
+
+
+def test_acknowledged_reported_patch_survives_sigkill_and_sigterm(hub):
+    import json
+    from mqttraw import connect_device
+    from test_sdk_twin import read_publish
+    hub.create_device("dur")
+    c = connect_device(hub, "dur")
+    c.publish("$iothub/twin/PATCH/properties/reported/?$rid=k", json.dumps({"state": "acked"}).encode(), qos=0)
+    topic, _ = read_publish(c)
+    assert topic.startswith("$iothub/twin/res/204/")
+    hub.kill()
+    hub.start()
+    assert twin(hub, "dur")["properties"]["reported"]["state"] == "acked"
+    assert patch(hub, "dur", {"properties": {"desired": {"d": 1}}}).status_code == 200
+    hub.stop()
+    hub.start()
+    t = twin(hub, "dur")
+    assert t["properties"]["desired"]["d"] == 1 and t["properties"]["reported"]["state"] == "acked"
