@@ -76,5 +76,40 @@ fn group_commit(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, identity, group_commit);
+fn twin_patch(c: &mut Criterion) {
+    let mut g = c.benchmark_group("twin");
+    g.sample_size(20)
+        .measurement_time(Duration::from_secs(5))
+        .throughput(Throughput::Elements(1));
+    let (_dir, s) = store();
+    for i in 0..64 {
+        s.create_device(&format!("tw-{i}"), &IdentitySpec::default(), NOW)
+            .expect("create");
+    }
+    let patch = serde_json::json!({"fw": "1.2.3", "telemetry": {"interval": 30, "enabled": true}});
+    let patch = patch.as_object().cloned().expect("object");
+    let mut n = 0u64;
+    g.bench_function("patch_reported_synced", |b| {
+        b.iter(|| {
+            n += 1;
+            s.patch_reported(&format!("tw-{}", n % 64), None, &patch, NOW)
+                .expect("patch")
+        })
+    });
+    let next = Arc::new(AtomicU64::new(0));
+    let store = Arc::clone(&s);
+    let shared = patch.clone();
+    let op: Arc<dyn Fn(u64) + Send + Sync> = Arc::new(move |w| {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        store
+            .patch_reported(&format!("tw-{w}"), None, &shared, UnixMillis(i as i64))
+            .expect("patch");
+    });
+    g.bench_function("patch_reported_synced_64_writers", |b| {
+        b.iter_custom(|iters| run_concurrently(64, iters, Arc::clone(&op)))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, identity, group_commit, twin_patch);
 criterion_main!(benches);

@@ -30,11 +30,22 @@ enum Target {
     Plain,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum Scenario {
+    /// QoS 1 telemetry; latency to PUBACK.
+    Telemetry,
+    /// Twin reported-property patches (ferrohub only); latency to the 204 answer.
+    Reported,
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "MQTT/TLS telemetry load generator for ferrohub (and plain MQTT brokers)")]
 struct Args {
     #[arg(long, value_enum, default_value = "ferrohub")]
     target: Target,
+    #[arg(long, value_enum, default_value = "telemetry")]
+    scenario: Scenario,
     #[arg(long, default_value = "localhost")]
     host: String,
     #[arg(long, default_value_t = 8883)]
@@ -70,6 +81,7 @@ struct Args {
 #[derive(Serialize)]
 struct Report {
     target: Target,
+    scenario: Scenario,
     devices: usize,
     connected: usize,
     messages_per_device: usize,
@@ -80,6 +92,7 @@ struct Report {
     duration_s: f64,
     throughput_msgs_per_s: f64,
     connect_latency: stats::Percentiles,
+    /// Time to the acknowledgement: PUBACK (telemetry) or the twin 204 answer (reported).
     puback_latency: stats::Percentiles,
     first_error: Option<String>,
 }
@@ -143,7 +156,17 @@ async fn run_device(
         while sent < args.messages_per_device && sent_at.len() < args.inflight {
             let pkid = next_id;
             next_id = next_id.checked_add(1).unwrap_or(1);
-            let packet = match client::publish(&topic, Some(pkid), payload.clone()) {
+            // Telemetry: QoS 1, answered by PUBACK. Reported patch: QoS 0, answered on the twin
+            // response topic carrying the same request id.
+            let sent_packet = match args.scenario {
+                Scenario::Telemetry => client::publish(&topic, Some(pkid), payload.clone()),
+                Scenario::Reported => client::publish(
+                    &format!("$iothub/twin/PATCH/properties/reported/?$rid={pkid}"),
+                    None,
+                    format!(r#"{{"seq":{sent},"fw":"1.2.3","interval":30}}"#).into_bytes(),
+                ),
+            };
+            let packet = match sent_packet {
                 Ok(p) => p,
                 Err(e) => {
                     result.error = Some(e.to_string());
@@ -162,8 +185,24 @@ async fn run_device(
             return result;
         }
         match conn.next().await {
-            Some(Ok(VariablePacket::PubackPacket(ack))) => {
+            Some(Ok(VariablePacket::PubackPacket(ack))) if args.scenario == Scenario::Telemetry => {
                 if let Some(t) = sent_at.remove(&ack.packet_identifier()) {
+                    result.latencies_us.push(t.elapsed().as_micros() as u64);
+                }
+            }
+            Some(Ok(VariablePacket::PublishPacket(p))) if args.scenario == Scenario::Reported => {
+                // $iothub/twin/res/204/?$rid={rid}&$version={v}
+                let topic = p.topic_name();
+                if !topic.starts_with("$iothub/twin/res/204/") {
+                    result.error = Some(format!("{id}: twin answer {topic}"));
+                    return result;
+                }
+                let rid = topic
+                    .split("$rid=")
+                    .nth(1)
+                    .and_then(|r| r.split('&').next())
+                    .and_then(|r| r.parse::<u16>().ok());
+                if let Some(t) = rid.and_then(|r| sent_at.remove(&r)) {
                     result.latencies_us.push(t.elapsed().as_micros() as u64);
                 }
             }
@@ -248,6 +287,7 @@ async fn main() -> anyhow::Result<()> {
     let errors: Vec<String> = results.iter().filter_map(|r| r.error.clone()).collect();
     let report = Report {
         target: args.target,
+        scenario: args.scenario,
         devices: args.devices,
         connected: results.iter().filter(|r| r.connect_us.is_some()).count(),
         messages_per_device: args.messages_per_device,
