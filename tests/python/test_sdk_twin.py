@@ -157,3 +157,50 @@ def test_bad_reported_patches_get_400_and_change_nothing(sdk_hub):
     after = rest_twin(sdk_hub, "tw-raw")["properties"]["reported"]
     assert {k: v for k, v in after.items() if not k.startswith("$")} == {"good": True}
     assert before["$version"] == 1
+
+
+def test_async_device_client(sdk_hub):
+    from azure.iot.device.aio import IoTHubDeviceClient as AsyncDeviceClient
+    sdk_hub.create_device("tw-async")
+
+    async def run():
+        c = AsyncDeviceClient.create_from_connection_string(sdk_hub.device_connection_string("tw-async"), server_verification_cert=open(sdk_hub.ca).read())
+        got = []
+
+        async def handler(patch):
+            got.append(patch)
+
+        try:
+            await c.connect()
+            assert (await c.get_twin())["desired"] == {"$version": 1}
+            await c.patch_twin_reported_properties({"async": True})
+            c.on_twin_desired_properties_patch_received = handler
+            await asyncio.sleep(0.5)
+            versions = [patch_desired(sdk_hub, "tw-async", {"step": i}) for i in range(3)]
+            for _ in range(300):
+                if [p["$version"] for p in got if p["$version"] in versions] == versions:
+                    break
+                await asyncio.sleep(0.05)
+            assert [p for p in got if p["$version"] in versions] == [{"step": i, "$version": v} for i, v in enumerate(versions)]
+        finally:
+            await c.shutdown()
+
+    asyncio.run(run())
+    assert rest_twin(sdk_hub, "tw-async")["properties"]["reported"]["async"] is True
+
+
+def test_100_reported_patches_raise_the_version_by_100(sdk_hub):
+    sdk_hub.create_device("tw-100")
+    c = connect_device(sdk_hub, "tw-100")
+    try:
+        before = rest_twin(sdk_hub, "tw-100")
+        for i in range(100):
+            c.publish(f"$iothub/twin/PATCH/properties/reported/?$rid={i}", json.dumps({"n": i}).encode(), qos=0)
+            topic, _ = read_publish(c)
+            assert topic == f"$iothub/twin/res/204/?$rid={i}&$version={before['properties']['reported']['$version'] + i + 1}"
+    finally:
+        c.close()
+    after = rest_twin(sdk_hub, "tw-100")
+    assert after["properties"]["reported"]["$version"] == before["properties"]["reported"]["$version"] + 100
+    assert after["version"] == before["version"] + 100 and after["etag"] != before["etag"]
+    assert after["properties"]["reported"]["n"] == 99
