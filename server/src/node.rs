@@ -136,6 +136,7 @@ pub async fn serve(
         settings: Arc::new(hub),
         connections: Connections::new(),
         d2c: Arc::new(D2cNotify::new(next_sequences)),
+        methods: Arc::default(),
     };
     let tracker = TaskTracker::new();
     let tasks = vec![

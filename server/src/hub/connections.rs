@@ -20,6 +20,12 @@ pub enum Outbound {
     /// A desired-properties change (TWN-8): the JSON body as the back-end sent it, with
     /// `$version`.
     DesiredPatch { version: u64, body: Vec<u8> },
+    /// A direct method call (MTH-1): answered through [`crate::hub::methods::PendingCalls`].
+    MethodRequest {
+        rid: String,
+        method: String,
+        payload: Vec<u8>,
+    },
 }
 
 /// Outbound messages a connection may have queued; beyond this they are dropped (a twin
@@ -38,6 +44,8 @@ pub enum KickReason {
 struct Entry {
     id: u64,
     outbound: mpsc::Sender<Outbound>,
+    /// Whether the session subscribed to `$iothub/methods/POST/#` (kept by the connection).
+    methods: Arc<std::sync::atomic::AtomicBool>,
     device_id: String,
     is_module: bool,
     kick: CancellationToken,
@@ -53,6 +61,8 @@ pub struct Connections {
 
 /// A live connection's place in [`Connections`].
 pub struct Registration {
+    /// Set by the connection while its session subscribes to methods.
+    pub methods: Arc<std::sync::atomic::AtomicBool>,
     connections: Arc<Connections>,
     client_id: String,
     id: u64,
@@ -109,9 +119,11 @@ impl Connections {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let kick = CancellationToken::new();
         let reason = Arc::new(Mutex::new(None));
+        let methods = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let entry = Entry {
             id,
             outbound,
+            methods: Arc::clone(&methods),
             device_id: device_id.to_string(),
             is_module,
             kick: kick.clone(),
@@ -129,6 +141,7 @@ impl Connections {
             None => {}
         }
         Registration {
+            methods,
             connections: Arc::clone(self),
             client_id: client_id.to_string(),
             id,
@@ -164,6 +177,15 @@ impl Connections {
             Some(e) => e.outbound.try_send(message).is_ok(),
             None => false,
         }
+    }
+
+    /// The outbound queue of a client that is connected and subscribed to methods.
+    pub fn method_target(&self, client_id: &str) -> Option<mpsc::Sender<Outbound>> {
+        let entries = self.entries.lock();
+        let e = entries.get(client_id)?;
+        e.methods
+            .load(Ordering::Acquire)
+            .then(|| e.outbound.clone())
     }
 
     /// Devices (not modules) connected now.

@@ -3,6 +3,7 @@
 
 pub mod connections;
 pub mod d2c_notify;
+pub mod methods;
 pub mod retention;
 pub mod store_handle;
 
@@ -21,4 +22,5 @@ pub struct HubContext {
     pub settings: Arc<HubSettings>,
     pub connections: Arc<Connections>,
     pub d2c: Arc<D2cNotify>,
+    pub methods: Arc<methods::PendingCalls>,
 }

@@ -36,6 +36,7 @@ use super::property_bag;
 use super::topics::{self, Feature, Inbound};
 use super::twin;
 use crate::hub::connections::{Outbound, Registration, OUTBOUND_QUEUE};
+use crate::hub::methods::MethodAnswer;
 use crate::hub::HubContext;
 use crate::rest::now;
 use crate::telemetry::{self, DeviceMessage};
@@ -82,6 +83,8 @@ struct Connection<IO> {
     persistent: bool,
     pending: FuturesOrdered<Pending>,
     outbound: mpsc::Receiver<Outbound>,
+    /// Published to `Connections` so method callers see whether this session takes methods.
+    methods_flag: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn keep_alive_timeout(keep_alive: u16) -> Option<Duration> {
@@ -183,6 +186,10 @@ where
     }
     tracing::info!(%client_id, peer = %peer.addr, transport = peer.transport, persistent, "connected");
 
+    registration.methods.store(
+        subscribes_methods(&session, &auth.who),
+        std::sync::atomic::Ordering::Release,
+    );
     let mut conn = Connection {
         framed,
         ctx: ctx.clone(),
@@ -191,6 +198,7 @@ where
         persistent,
         pending: FuturesOrdered::new(),
         outbound,
+        methods_flag: std::sync::Arc::clone(&registration.methods),
     };
     let end = conn
         .serve(
@@ -390,11 +398,25 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     .push_back(Box::pin(async move { Ok(work.await) }));
                 None
             }
-            // Method responses arrive with the direct-methods feature.
-            Inbound::MethodResponse { .. } => Some(End::Violation(format!(
-                "{} is not served yet",
-                p.topic_name()
-            ))),
+            Inbound::MethodResponse { status, rid } => {
+                let answer = MethodAnswer {
+                    status,
+                    payload: p.payload().to_vec(),
+                };
+                if !self
+                    .ctx
+                    .methods
+                    .complete(&self.auth.who.client_id(), &rid, answer)
+                {
+                    tracing::debug!(%rid, "method answer for no waiting call; dropped");
+                }
+                if let Some(id) = pkid {
+                    self.pending.push_back(Box::pin(async move {
+                        Ok(vec![PubackPacket::new(id).into()])
+                    }));
+                }
+                None
+            }
         }
     }
 
@@ -409,6 +431,21 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     return None;
                 }
                 let packet = twin::desired_notification(version, body)?;
+                self.framed.send(packet).await.err().map(|_| End::Closed)
+            }
+            Outbound::MethodRequest {
+                rid,
+                method,
+                payload,
+            } => {
+                let name = percent_encoding::utf8_percent_encode(
+                    &method,
+                    percent_encoding::NON_ALPHANUMERIC,
+                );
+                let topic =
+                    mqtt::TopicName::new(format!("$iothub/methods/POST/{name}/?$rid={rid}"))
+                        .ok()?;
+                let packet = PublishPacket::new(topic, QoSWithPacketIdentifier::Level0, payload);
                 self.framed.send(packet).await.err().map(|_| End::Closed)
             }
         }
@@ -434,6 +471,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
             }
         }
         self.session.subscribe(granted);
+        self.methods_flag.store(
+            subscribes_methods(&self.session, &self.auth.who),
+            std::sync::atomic::Ordering::Release,
+        );
         if let Some(end) = self.save_session().await {
             return Some(end);
         }
@@ -447,6 +488,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
     async fn on_unsubscribe(&mut self, p: UnsubscribePacket) -> Option<End> {
         self.session
             .unsubscribe(p.subscribes().iter().map(|f| &***f));
+        self.methods_flag.store(
+            subscribes_methods(&self.session, &self.auth.who),
+            std::sync::atomic::Ordering::Release,
+        );
         if let Some(end) = self.save_session().await {
             return Some(end);
         }
@@ -471,4 +516,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
             .err()
             .map(|e| End::StoreFailed(e.to_string()))
     }
+}
+
+/// Whether a session holds the direct-methods subscription.
+fn subscribes_methods(session: &SessionRecord, who: &topics::Identity) -> bool {
+    session
+        .subscriptions
+        .iter()
+        .any(|s| topics::parse_filter(&s.filter, who) == Some(Feature::Methods))
 }

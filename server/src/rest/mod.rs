@@ -11,6 +11,7 @@ pub mod error;
 mod events;
 mod identities;
 pub mod identity_json;
+mod methods;
 mod statistics;
 mod telemetry;
 pub mod twins;
@@ -163,7 +164,9 @@ pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
         .unify()
         .or(certificates::routes(ctx.clone()))
         .unify()
-        .or(twins::routes(ctx))
+        .or(twins::routes(ctx.clone()))
+        .unify()
+        .or(methods::routes(ctx))
         .unify()
         .recover(error::recover)
         .unify()

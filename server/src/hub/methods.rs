@@ -1,0 +1,112 @@
+//! Direct method calls in flight (MTH-1, MTH-2): the REST caller waits on a one-shot channel
+//! keyed by the connection's client id and the request id it sent; the device's answer
+//! completes it. An answer with an unknown or late request id finds nothing and is dropped.
+//!
+//! Invariant: an entry exists only while its caller waits; the caller removes it on timeout.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+/// A device's answer: its status code and raw payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MethodAnswer {
+    pub status: i32,
+    pub payload: Vec<u8>,
+}
+
+#[derive(Default)]
+pub struct PendingCalls {
+    waiting: Mutex<HashMap<(String, String), oneshot::Sender<MethodAnswer>>>,
+    next_rid: AtomicU64,
+}
+
+impl PendingCalls {
+    /// Registers a call to `client_id`; returns its request id and the answer's receiver.
+    pub fn start(&self, client_id: &str) -> (String, oneshot::Receiver<MethodAnswer>) {
+        let rid = self.next_rid.fetch_add(1, Ordering::Relaxed).to_string();
+        let (tx, rx) = oneshot::channel();
+        self.waiting
+            .lock()
+            .insert((client_id.to_string(), rid.clone()), tx);
+        (rid, rx)
+    }
+
+    /// Delivers a device's answer; false if no caller waits for it (unknown or late).
+    pub fn complete(&self, client_id: &str, rid: &str, answer: MethodAnswer) -> bool {
+        match self
+            .waiting
+            .lock()
+            .remove(&(client_id.to_string(), rid.to_string()))
+        {
+            Some(tx) => tx.send(answer).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Forgets a call whose caller stopped waiting.
+    pub fn abandon(&self, client_id: &str, rid: &str) {
+        self.waiting
+            .lock()
+            .remove(&(client_id.to_string(), rid.to_string()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_reach_only_their_caller() {
+        let p = PendingCalls::default();
+        let (rid, mut rx) = p.start("d");
+        assert!(!p.complete(
+            "other",
+            &rid,
+            MethodAnswer {
+                status: 200,
+                payload: vec![]
+            }
+        ));
+        assert!(!p.complete(
+            "d",
+            "nope",
+            MethodAnswer {
+                status: 200,
+                payload: vec![]
+            }
+        ));
+        assert!(p.complete(
+            "d",
+            &rid,
+            MethodAnswer {
+                status: 201,
+                payload: b"1".to_vec()
+            }
+        ));
+        assert_eq!(rx.try_recv().unwrap().status, 201);
+        assert!(
+            !p.complete(
+                "d",
+                &rid,
+                MethodAnswer {
+                    status: 200,
+                    payload: vec![]
+                }
+            ),
+            "late answers are dropped"
+        );
+        let (rid2, _rx2) = p.start("d");
+        p.abandon("d", &rid2);
+        assert!(!p.complete(
+            "d",
+            &rid2,
+            MethodAnswer {
+                status: 200,
+                payload: vec![]
+            }
+        ));
+    }
+}

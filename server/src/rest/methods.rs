@@ -1,0 +1,174 @@
+//! Direct methods (MTH-1, MTH-2): `POST /twins/{id}/methods` and
+//! `POST /twins/{id}/modules/{mid}/methods` (ServiceConnect). The call goes to the connected
+//! device on `$iothub/methods/POST/{method}/?$rid={rid}`; its answer on
+//! `$iothub/methods/res/{status}/?$rid={rid}` returns as `{"status", "payload"}`.
+//!
+//! A device that is not connected, or has not subscribed to `$iothub/methods/POST/#`, is not
+//! online: the call waits up to `connectTimeoutInSeconds` for it, then answers 404 (404103). No
+//! answer within `responseTimeoutInSeconds` (5..300, default 30) is 504 (504101). Payloads are
+//! limited to 128 KB each way. A pending call blocks nothing else of the device.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+use warp::http::StatusCode;
+use warp::{Filter, Rejection, Reply};
+
+use super::error::ApiError;
+use super::{authenticated, json_body, json_reply, Context, PathId};
+use crate::auth::{Permission, Principal};
+use crate::hub::connections::Outbound;
+
+/// Largest request or response payload.
+pub const MAX_PAYLOAD: usize = 128 * 1024;
+const DEFAULT_RESPONSE_TIMEOUT: u64 = 30;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MethodCall {
+    method_name: String,
+    #[serde(default)]
+    payload: Value,
+    response_timeout_in_seconds: Option<u64>,
+    connect_timeout_in_seconds: Option<u64>,
+}
+
+fn error(status: StatusCode, code: u32, name: &str, message: &str) -> warp::reply::Response {
+    let body = serde_json::json!({
+        "Message": format!("ErrorCode:{name};{message}"),
+        "ExceptionMessage": "",
+        "errorCode": code,
+        "message": message,
+    });
+    warp::reply::with_status(warp::reply::json(&body), status).into_response()
+}
+
+async fn invoke(
+    device: String,
+    module: Option<String>,
+    ctx: Context,
+    p: Principal,
+    call: MethodCall,
+) -> Result<warp::reply::Response, ApiError> {
+    p.require_hub(Permission::ServiceConnect)?;
+    if call.method_name.is_empty() || call.method_name.len() > 256 {
+        return Err(ApiError::argument("methodName must be 1 to 256 characters"));
+    }
+    let response_timeout = call
+        .response_timeout_in_seconds
+        .unwrap_or(DEFAULT_RESPONSE_TIMEOUT);
+    if !(5..=300).contains(&response_timeout) {
+        return Err(ApiError::argument(
+            "responseTimeoutInSeconds must be 5 to 300",
+        ));
+    }
+    let connect_timeout = call.connect_timeout_in_seconds.unwrap_or(0).min(300);
+    let payload = serde_json::to_vec(&call.payload).map_err(|e| ApiError::format(e.to_string()))?;
+    if payload.len() > MAX_PAYLOAD {
+        return Err(ApiError::TooLarge(format!(
+            "method payload of {} bytes; at most 128 KB",
+            payload.len()
+        )));
+    }
+    // The identity must exist (404 DeviceNotFound otherwise), whatever its connection.
+    let (d, m) = (device.clone(), module.clone());
+    ctx.store
+        .run(move |s| match &m {
+            Some(m) => s.get_module(&d, m).map(drop),
+            None => s.get_device(&d).map(drop),
+        })
+        .await?;
+    let client_id = match &module {
+        Some(m) => format!("{device}/{m}"),
+        None => device.clone(),
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(connect_timeout);
+    let target = loop {
+        if let Some(tx) = ctx.connections.method_target(&client_id) {
+            break tx;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(error(
+                StatusCode::NOT_FOUND,
+                404103,
+                "DeviceNotOnline",
+                "Timed out waiting for device to connect.",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (rid, answer) = ctx.methods.start(&client_id);
+    let sent = target
+        .send(Outbound::MethodRequest {
+            rid: rid.clone(),
+            method: call.method_name,
+            payload,
+        })
+        .await;
+    if sent.is_err() {
+        ctx.methods.abandon(&client_id, &rid);
+        return Ok(error(
+            StatusCode::NOT_FOUND,
+            404103,
+            "DeviceNotOnline",
+            "The device disconnected.",
+        ));
+    }
+    match tokio::time::timeout(Duration::from_secs(response_timeout), answer).await {
+        Ok(Ok(a)) => {
+            if a.payload.len() > MAX_PAYLOAD {
+                return Err(ApiError::TooLarge(
+                    "the device's method response exceeds 128 KB".into(),
+                ));
+            }
+            let payload = if a.payload.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(&a.payload).unwrap_or_else(|_| {
+                    Value::String(String::from_utf8_lossy(&a.payload).into_owned())
+                })
+            };
+            Ok(json_reply(
+                &serde_json::json!({ "status": a.status, "payload": payload }),
+            ))
+        }
+        _ => {
+            ctx.methods.abandon(&client_id, &rid);
+            Ok(error(
+                StatusCode::GATEWAY_TIMEOUT,
+                504101,
+                "GatewayTimeout",
+                "Timed out waiting for the response from device.",
+            ))
+        }
+    }
+}
+
+pub fn routes(
+    ctx: Context,
+) -> impl Filter<Extract = (warp::reply::Response,), Error = Rejection> + Clone {
+    let auth = authenticated(ctx.clone());
+    let with_ctx = warp::any().map(move || ctx.clone());
+    let device = warp::path!("twins" / PathId / "methods")
+        .and(warp::post())
+        .and(with_ctx.clone())
+        .and(auth.clone())
+        .and(json_body::<MethodCall>())
+        .and_then(|d: PathId, ctx, p, call| async move {
+            invoke(d.0, None, ctx, p, call)
+                .await
+                .map_err(warp::reject::custom)
+        });
+    let module = warp::path!("twins" / PathId / "modules" / PathId / "methods")
+        .and(warp::post())
+        .and(with_ctx)
+        .and(auth)
+        .and(json_body::<MethodCall>())
+        .and_then(|d: PathId, m: PathId, ctx, p, call| async move {
+            invoke(d.0, Some(m.0), ctx, p, call)
+                .await
+                .map_err(warp::reject::custom)
+        });
+    device.or(module).unify()
+}
