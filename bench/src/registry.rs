@@ -106,3 +106,78 @@ fn dechunk(mut raw: &[u8]) -> anyhow::Result<Vec<u8>> {
         raw = &raw[size + 2..];
     }
 }
+
+/// One HTTPS connection kept open for many requests (HTTP/1.1 keep-alive), for load runs where a
+/// TLS handshake per request would measure the handshake instead of the hub.
+pub struct KeepAlive {
+    stream: tokio_rustls::client::TlsStream<TcpStream>,
+    host: String,
+    buf: Vec<u8>,
+}
+
+impl KeepAlive {
+    pub async fn connect(tls: &TlsConnector, host: &str, port: u16) -> anyhow::Result<KeepAlive> {
+        let tcp = TcpStream::connect((host, port)).await?;
+        tcp.set_nodelay(true)?;
+        let stream = tls
+            .connect(ServerName::try_from(host.to_string())?, tcp)
+            .await?;
+        Ok(KeepAlive {
+            stream,
+            host: host.to_string(),
+            buf: Vec::new(),
+        })
+    }
+
+    /// Sends one request and reads its response (the body must have a Content-Length).
+    pub async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: &[u8],
+    ) -> anyhow::Result<(u16, Vec<u8>)> {
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            self.host,
+            body.len()
+        );
+        self.stream.write_all(head.as_bytes()).await?;
+        self.stream.write_all(body).await?;
+        self.stream.flush().await?;
+        let header_end = loop {
+            if let Some(i) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i;
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            let n = self.stream.read(&mut chunk).await?;
+            anyhow::ensure!(n > 0, "connection closed");
+            self.buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&self.buf[..header_end]).to_string();
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .context("no status line")?
+            .parse()?;
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                l.split_once(':')
+                    .filter(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .context("no content-length")?
+            .parse()?;
+        let total = header_end + 4 + length;
+        while self.buf.len() < total {
+            let mut chunk = [0u8; 16 * 1024];
+            let n = self.stream.read(&mut chunk).await?;
+            anyhow::ensure!(n > 0, "connection closed");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+        let body = self.buf[header_end + 4..total].to_vec();
+        self.buf.drain(..total);
+        Ok((status, body))
+    }
+}

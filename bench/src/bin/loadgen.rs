@@ -37,6 +37,9 @@ enum Scenario {
     Telemetry,
     /// Twin reported-property patches (ferrohub only); latency to the 204 answer.
     Reported,
+    /// Direct methods (ferrohub only): every device answers; `--callers` back-end callers
+    /// invoke `devices × messages-per-device` calls over keep-alive HTTPS; latency per call.
+    Methods,
 }
 
 #[derive(Parser, Debug)]
@@ -73,6 +76,9 @@ struct Args {
     /// Hard stop for the whole run, in seconds.
     #[arg(long, default_value_t = 300)]
     time_limit: u64,
+    /// Concurrent back-end callers (methods scenario).
+    #[arg(long, default_value_t = 32)]
+    callers: usize,
     /// Device id prefix (ids are `{prefix}{n}`).
     #[arg(long, default_value = "load-")]
     prefix: String,
@@ -159,7 +165,10 @@ async fn run_device(
             // Telemetry: QoS 1, answered by PUBACK. Reported patch: QoS 0, answered on the twin
             // response topic carrying the same request id.
             let sent_packet = match args.scenario {
-                Scenario::Telemetry => client::publish(&topic, Some(pkid), payload.clone()),
+                // Methods never reach here: they run in `run_methods`.
+                Scenario::Telemetry | Scenario::Methods => {
+                    client::publish(&topic, Some(pkid), payload.clone())
+                }
                 Scenario::Reported => client::publish(
                     &format!("$iothub/twin/PATCH/properties/reported/?$rid={pkid}"),
                     None,
@@ -224,6 +233,157 @@ async fn run_device(
     result
 }
 
+/// A device that answers every direct method at once, until `stop`.
+async fn run_responder(
+    args: Arc<Args>,
+    tls: tokio_rustls::TlsConnector,
+    id: String,
+    key: String,
+    gate: Arc<Semaphore>,
+    stop: Arc<tokio::sync::Notify>,
+) -> Result<(), String> {
+    let expiry = chrono::Utc::now().timestamp() as u64 + 3600;
+    let user = Some(format!("{}/{id}/?api-version=2021-04-12", args.host));
+    let pass = sas::sign(&format!("{}/devices/{id}", args.host), &key, expiry, None);
+    let permit = gate.acquire().await;
+    let mut conn = client::connect(&tls, &args.host, args.mqtt_port, &id, user, pass, 60)
+        .await
+        .map_err(|e| format!("{id}: {e:#}"))?;
+    drop(permit);
+    let sub = mqtt::packet::SubscribePacket::new(
+        1,
+        vec![(
+            mqtt::TopicFilter::new("$iothub/methods/POST/#").map_err(|e| format!("{e:?}"))?,
+            mqtt::QualityOfService::Level1,
+        )],
+    );
+    conn.send(sub).await.map_err(|e| e.to_string())?;
+    loop {
+        tokio::select! {
+            _ = stop.notified() => return Ok(()),
+            packet = conn.next() => match packet {
+                Some(Ok(VariablePacket::PublishPacket(p))) => {
+                    let Some(rid) = p.topic_name().split("$rid=").nth(1).map(str::to_string) else { continue };
+                    let answer = client::publish(&format!("$iothub/methods/res/200/?$rid={rid}"), None, b"{\"ok\":true}".to_vec()).map_err(|e| e.to_string())?;
+                    conn.send(answer).await.map_err(|e| e.to_string())?;
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(format!("{id}: {e}")),
+                None => return Err(format!("{id}: closed")),
+            }
+        }
+    }
+}
+
+/// Runs the methods scenario and prints its report.
+async fn run_methods(
+    args: Arc<Args>,
+    tls: tokio_rustls::TlsConnector,
+    ids: Vec<String>,
+    key: String,
+    owner_token: String,
+) -> anyhow::Result<()> {
+    let gate = Arc::new(Semaphore::new(args.connect_concurrency.max(1)));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let responders: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            tokio::spawn(run_responder(
+                Arc::clone(&args),
+                tls.clone(),
+                id.clone(),
+                key.clone(),
+                Arc::clone(&gate),
+                Arc::clone(&stop),
+            ))
+        })
+        .collect();
+    // Wait until every device's subscription is in place: a call to the last one succeeds.
+    let mut probe = registry::KeepAlive::connect(&tls, &args.host, args.https_port).await?;
+    let body = br#"{"methodName":"probe","payload":null,"responseTimeoutInSeconds":30,"connectTimeoutInSeconds":60}"#;
+    for id in &ids {
+        let (status, text) = probe
+            .request(
+                "POST",
+                &format!("/twins/{id}/methods?api-version=2021-04-12"),
+                &owner_token,
+                body,
+            )
+            .await?;
+        anyhow::ensure!(
+            status == 200,
+            "probe of {id}: {status} {}",
+            String::from_utf8_lossy(&text)
+        );
+    }
+    let total = ids.len() * args.messages_per_device;
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ids = Arc::new(ids);
+    let start = Instant::now();
+    let callers: Vec<_> = (0..args.callers.max(1))
+        .map(|_| {
+            let (tls, args, ids, next, token) = (
+                tls.clone(),
+                Arc::clone(&args),
+                Arc::clone(&ids),
+                Arc::clone(&next),
+                owner_token.clone(),
+            );
+            tokio::spawn(async move {
+                let mut http = registry::KeepAlive::connect(&tls, &args.host, args.https_port)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut latencies = Vec::new();
+                let body =
+                    br#"{"methodName":"bench","payload":{"n":1},"responseTimeoutInSeconds":30}"#;
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= total {
+                        return Ok::<_, String>(latencies);
+                    }
+                    let path = format!(
+                        "/twins/{}/methods?api-version=2021-04-12",
+                        ids[i % ids.len()]
+                    );
+                    let t = Instant::now();
+                    let (status, _) = http
+                        .request("POST", &path, &token, body)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if status != 200 {
+                        return Err(format!("call answered {status}"));
+                    }
+                    latencies.push(t.elapsed().as_micros() as u64);
+                }
+            })
+        })
+        .collect();
+    let results = futures::future::join_all(callers).await;
+    let duration = start.elapsed();
+    stop.notify_waiters();
+    for r in responders {
+        r.abort();
+    }
+    let mut latencies = Vec::new();
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(Ok(l)) => latencies.extend(l),
+            Ok(Err(e)) => errors.push(e),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    let report = serde_json::json!({
+        "target": "ferrohub", "scenario": "methods", "devices": ids.len(), "callers": args.callers,
+        "calls": latencies.len(), "errors": errors.len(), "first_error": errors.first(),
+        "duration_s": duration.as_secs_f64(),
+        "throughput_calls_per_s": latencies.len() as f64 / duration.as_secs_f64(),
+        "call_latency": stats::percentiles(latencies),
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Arc::new(Args::parse());
@@ -251,6 +411,9 @@ async fn main() -> anyhow::Result<()> {
             let device_key = "bG9hZGdlbi1kZXZpY2Uta2V5LTMyLWJ5dGVzLWxvbmchISE=".to_string();
             registry::register(&tls, &args.host, args.https_port, &token, &ids, &device_key)
                 .await?;
+            if args.scenario == Scenario::Methods {
+                return run_methods(Arc::clone(&args), tls, ids, device_key, token).await;
+            }
             Some(device_key)
         }
         Target::Plain => None,
