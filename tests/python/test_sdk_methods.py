@@ -217,3 +217,40 @@ def test_a_pending_call_blocks_nothing_else(sdk_hub):
     t.join(20)
     assert result["r"].status_code == 200 and result["r"].json() == {"status": 202, "payload": {"done": True}}
     c.close()
+
+
+def test_async_device_and_sync_module_handlers(sdk_hub, registry):
+    from azure.iot.device import IoTHubModuleClient
+    from azure.iot.device.aio import IoTHubDeviceClient as AsyncDeviceClient
+    sdk_hub.create_device("m-mix")
+    sdk_hub.create_module("m-mix", "sync-mod")
+    module = IoTHubModuleClient.create_from_connection_string(sdk_hub.device_connection_string("m-mix", "sync-mod"), server_verification_cert=open(sdk_hub.ca).read())
+
+    def module_handler(request):
+        module.send_method_response(MethodResponse.create_from_method_request(request, 203, {"module": request.payload}))
+
+    async def run():
+        device = AsyncDeviceClient.create_from_connection_string(sdk_hub.device_connection_string("m-mix"), server_verification_cert=open(sdk_hub.ca).read())
+
+        async def device_handler(request):
+            await device.send_method_response(MethodResponse.create_from_method_request(request, 204, None))
+
+        await device.connect()
+        device.on_method_request_received = device_handler
+        await asyncio.sleep(0.5)
+        try:
+            loop = asyncio.get_running_loop()
+            d = await loop.run_in_executor(None, lambda: registry.invoke_device_method("m-mix", call("dev", [1])))
+            m = await loop.run_in_executor(None, lambda: registry.invoke_device_module_method("m-mix", "sync-mod", call("mod", "s")))
+            return d, m
+        finally:
+            await device.shutdown()
+
+    try:
+        module.connect()
+        module.on_method_request_received = module_handler
+        d, m = asyncio.run(run())
+    finally:
+        module.shutdown()
+    assert (d.status, d.payload) == (204, None)
+    assert (m.status, m.payload) == (203, {"module": "s"})
