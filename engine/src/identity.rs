@@ -252,6 +252,7 @@ impl<'a> Txn<'a> {
         if_match.check(&current.etag)?;
         self.batch.delete(cf::SESSIONS, id.as_bytes().to_vec());
         self.batch.delete(cf::TWINS, keys::twin(id, None));
+        self.store.stage_queue_deletion(&mut self.batch, id)?;
         for mid in self.module_ids(id)? {
             self.batch
                 .delete(cf::SESSIONS, format!("{id}/{mid}").into_bytes());

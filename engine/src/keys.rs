@@ -152,3 +152,94 @@ pub fn twin(device_id: &str, module_id: Option<&str>) -> Vec<u8> {
         }
     }
 }
+
+/// Keys of the C2D column families.
+///
+/// A queue key is `d ‖ len ‖ deviceId` for a device queue and `f` for the feedback queue; a
+/// message key is `queue ‖ sequence:u64be`, so one queue is one contiguous range in order.
+/// A timer key is `kind ‖ deadline:u64be ‖ queue ‖ sequence:u64be`: each sweeper walks its own
+/// kind from the earliest deadline and stops at the first one still in the future.
+pub mod c2d {
+    /// The feedback queue.
+    pub const FEEDBACK_QUEUE: &[u8] = b"f";
+
+    pub fn device_queue(device_id: &str) -> Vec<u8> {
+        let mut k = vec![b'd'];
+        super::push_len_prefixed(&mut k, device_id);
+        k
+    }
+
+    /// The device id of a device queue key.
+    pub fn queue_device(queue: &[u8]) -> Option<&str> {
+        match queue {
+            [b'd', len, rest @ ..] if rest.len() == *len as usize => std::str::from_utf8(rest).ok(),
+            _ => None,
+        }
+    }
+
+    pub fn message(queue: &[u8], sequence: u64) -> Vec<u8> {
+        let mut k = Vec::with_capacity(queue.len() + 8);
+        k.extend_from_slice(queue);
+        k.extend_from_slice(&sequence.to_be_bytes());
+        k
+    }
+
+    /// Lock (visibility) deadlines.
+    pub const TIMER_LOCK: u8 = 1;
+    /// Time-to-live deadlines.
+    pub const TIMER_EXPIRY: u8 = 2;
+
+    pub fn timer(kind: u8, deadline: i64, queue: &[u8], sequence: u64) -> Vec<u8> {
+        let mut k = Vec::with_capacity(1 + 8 + queue.len() + 8);
+        k.push(kind);
+        k.extend_from_slice(&(deadline.max(0) as u64).to_be_bytes());
+        k.extend_from_slice(queue);
+        k.extend_from_slice(&sequence.to_be_bytes());
+        k
+    }
+
+    /// `(deadline, queue, sequence)` of a timer key.
+    pub fn parse_timer(key: &[u8]) -> Option<(i64, &[u8], u64)> {
+        if key.len() < 1 + 8 + 1 + 8 {
+            return None;
+        }
+        let deadline = u64::from_be_bytes(key[1..9].try_into().ok()?) as i64;
+        let (queue, seq) = key[9..].split_at(key.len() - 9 - 8);
+        Some((deadline, queue, u64::from_be_bytes(seq.try_into().ok()?)))
+    }
+
+    /// Timers of `kind` due at or before `now`: `[kind ‖ 0, kind ‖ now+1)`.
+    pub fn timers_due(kind: u8, now: i64) -> (Vec<u8>, Vec<u8>) {
+        let mut end = vec![kind];
+        end.extend_from_slice(&((now.max(0) as u64).saturating_add(1)).to_be_bytes());
+        (vec![kind], end)
+    }
+
+    pub fn feedback_record(sequence: u64) -> Vec<u8> {
+        sequence.to_be_bytes().to_vec()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn timer_keys_round_trip_and_sort_by_deadline() {
+            let q = device_queue("dev1");
+            let k = timer(TIMER_LOCK, 1_000, &q, 7);
+            assert_eq!(parse_timer(&k), Some((1_000, q.as_slice(), 7)));
+            assert!(k < timer(TIMER_LOCK, 1_001, &device_queue("a"), 0));
+            assert!(timer(TIMER_LOCK, i64::MAX, &q, 0) < timer(TIMER_EXPIRY, 0, &q, 0));
+            let (from, to) = timers_due(TIMER_LOCK, 1_000);
+            assert!(k >= from && k < to);
+            assert!(timer(TIMER_LOCK, 1_001, &q, 0) >= to);
+            assert_eq!(queue_device(&q), Some("dev1"));
+            assert_eq!(queue_device(FEEDBACK_QUEUE), None);
+        }
+
+        #[test]
+        fn device_queues_do_not_prefix_each_other() {
+            assert!(!message(&device_queue("dev10"), 0).starts_with(&device_queue("dev1")));
+        }
+    }
+}

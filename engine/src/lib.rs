@@ -7,6 +7,7 @@
 //! - [`model`]: identity records and their validation rules.
 //! - [`identity`]: the device and module registry.
 //! - [`hub`]: hub settings and shared access policies.
+//! - [`c2d`]: cloud-to-device queues, locks, expiry, dead letters and feedback.
 //! - [`d2c`]: device-to-cloud partitions, consumer groups, checkpoints, retention.
 //! - [`sessions`]: persistent MQTT sessions (subscriptions per client id).
 //! - [`twin`]: twin section rules (limits, merge patches, versions, metadata).
@@ -30,6 +31,7 @@
 //! assert_eq!(store.get_device("dev1").unwrap().etag, dev.etag);
 //! ```
 
+pub mod c2d;
 pub mod d2c;
 pub mod error;
 pub mod hub;
@@ -89,6 +91,20 @@ pub struct Store {
     twin_sequence: Mutex<u64>,
     /// Serialises hub-settings writes (rare; never on a hot path).
     hub_lock: Mutex<()>,
+    /// Next key for a waiting feedback record (see `c2d::feedback`).
+    feedback_sequence: std::sync::atomic::AtomicU64,
+    /// Serialises changes of the feedback queue.
+    feedback_lock: Mutex<()>,
+}
+
+fn next_feedback_sequence(raw: &raw::Raw, version: u32) -> Result<u64, StorageError> {
+    if version < 5 {
+        return Ok(0);
+    }
+    Ok(match raw.last_key(ferrohub_migrations::cf::C2D_FEEDBACK)? {
+        Some(k) if k.len() == 8 => u64::from_be_bytes(k.try_into().unwrap_or([0; 8])) + 1,
+        _ => 0,
+    })
 }
 
 impl Store {
@@ -133,12 +149,15 @@ impl Store {
             d2c::Partitions::load(&raw, 0)?
         };
         let twin_sequence = Mutex::new(next_twin_sequence(&raw, version)?);
+        let feedback_sequence = next_feedback_sequence(&raw, version)?.into();
         Ok(Store {
             raw,
             stripes: stripes::Stripes::new(),
             partitions,
             twin_sequence,
             hub_lock: Mutex::new(()),
+            feedback_sequence,
+            feedback_lock: Mutex::new(()),
         })
     }
 
@@ -156,12 +175,15 @@ impl Store {
             .unwrap_or(0);
         let partitions = d2c::Partitions::load(&raw, count)?;
         let twin_sequence = Mutex::new(next_twin_sequence(&raw, SCHEMA_VERSION)?);
+        let feedback_sequence = next_feedback_sequence(&raw, SCHEMA_VERSION)?.into();
         Ok(Store {
             raw,
             stripes: stripes::Stripes::new(),
             partitions,
             twin_sequence,
             hub_lock: Mutex::new(()),
+            feedback_sequence,
+            feedback_lock: Mutex::new(()),
         })
     }
 

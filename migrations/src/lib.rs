@@ -22,6 +22,7 @@ mod m0001_initial;
 pub mod m0002_registry_counters;
 mod m0003_telemetry;
 mod m0004_twins;
+mod m0005_c2d;
 
 /// Column family names as they exist on disk. Steps and the engine use these constants only.
 pub mod cf {
@@ -43,9 +44,17 @@ pub mod cf {
     pub const TWINS: &str = "twins";
     /// Twin change records, keyed by a hub-wide sequence number (since version 4).
     pub const TWIN_CHANGES: &str = "twin_changes";
+    /// C2D messages of every queue, keyed by queue then sequence number (since version 5).
+    pub const C2D_MESSAGES: &str = "c2d_messages";
+    /// C2D queue heads: next sequence number and depth, keyed by queue (since version 5).
+    pub const C2D_HEADS: &str = "c2d_heads";
+    /// C2D deadlines (lock expiry, TTL), keyed by kind then deadline (since version 5).
+    pub const C2D_TIMERS: &str = "c2d_timers";
+    /// Feedback records not yet packed into a feedback message, keyed by sequence (since 5).
+    pub const C2D_FEEDBACK: &str = "c2d_feedback";
 
     /// Every column family of the latest version.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 13] = [
         META,
         DEVICES,
         MODULES,
@@ -55,6 +64,10 @@ pub mod cf {
         SESSIONS,
         TWINS,
         TWIN_CHANGES,
+        C2D_MESSAGES,
+        C2D_HEADS,
+        C2D_TIMERS,
+        C2D_FEEDBACK,
     ];
 }
 
@@ -106,6 +119,7 @@ pub const MIGRATIONS: &[Migration] = &[
     m0002_registry_counters::MIGRATION,
     m0003_telemetry::MIGRATION,
     m0004_twins::MIGRATION,
+    m0005_c2d::MIGRATION,
 ];
 
 /// The version this build writes.

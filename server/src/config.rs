@@ -100,6 +100,104 @@ impl Default for D2cSection {
 }
 
 /// Settings for development and tests only.
+/// Cloud-to-device queues (seed 002's C2D configuration, C2D-4).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct C2dSection {
+    /// Most messages one device queue holds.
+    pub max_queue_depth: u32,
+    /// `defaultTtlAsIso8601`: 1 minute to 2 days.
+    #[serde(with = "humantime_serde")]
+    pub default_ttl: Duration,
+    /// `maxDeliveryCount`: 1 to 100.
+    pub max_delivery_count: u32,
+    /// How long a received message stays locked (invisible): 1 second to 1 hour.
+    #[serde(with = "humantime_serde")]
+    pub lock_timeout: Duration,
+    /// `feedback.ttlAsIso8601`: 1 minute to 2 days.
+    #[serde(with = "humantime_serde")]
+    pub feedback_ttl: Duration,
+    /// `feedback.maxDeliveryCount`: 1 to 100.
+    pub feedback_max_delivery_count: u32,
+}
+
+impl Default for C2dSection {
+    fn default() -> Self {
+        let d = ferrohub_engine::c2d::QueueSettings::default();
+        C2dSection {
+            max_queue_depth: d.max_depth,
+            default_ttl: Duration::from_millis(d.default_ttl_ms as u64),
+            max_delivery_count: d.max_delivery_count,
+            lock_timeout: Duration::from_millis(d.lock_timeout_ms as u64),
+            feedback_ttl: Duration::from_millis(d.feedback_ttl_ms as u64),
+            feedback_max_delivery_count: d.feedback_max_delivery_count,
+        }
+    }
+}
+
+impl C2dSection {
+    pub fn queue_settings(&self) -> ferrohub_engine::c2d::QueueSettings {
+        ferrohub_engine::c2d::QueueSettings {
+            max_depth: self.max_queue_depth,
+            default_ttl_ms: self.default_ttl.as_millis() as i64,
+            max_delivery_count: self.max_delivery_count,
+            lock_timeout_ms: self.lock_timeout.as_millis() as i64,
+            feedback_ttl_ms: self.feedback_ttl.as_millis() as i64,
+            feedback_max_delivery_count: self.feedback_max_delivery_count,
+            ..ferrohub_engine::c2d::QueueSettings::default()
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let minute = Duration::from_secs(60);
+        let two_days = Duration::from_secs(2 * 86_400);
+        let ttl = |key, d: Duration| {
+            if d < minute || d > two_days {
+                Err(ConfigError::Invalid {
+                    key,
+                    reason: format!(
+                        "{} is outside 1 minute to 2 days",
+                        humantime::format_duration(d)
+                    ),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        ttl("c2d.default_ttl", self.default_ttl)?;
+        ttl("c2d.feedback_ttl", self.feedback_ttl)?;
+        for (key, n) in [
+            ("c2d.max_delivery_count", self.max_delivery_count),
+            (
+                "c2d.feedback_max_delivery_count",
+                self.feedback_max_delivery_count,
+            ),
+        ] {
+            if !(1..=100).contains(&n) {
+                return Err(ConfigError::Invalid {
+                    key,
+                    reason: format!("{n} is outside 1 to 100"),
+                });
+            }
+        }
+        if !(1..=5000).contains(&self.max_queue_depth) {
+            return Err(ConfigError::Invalid {
+                key: "c2d.max_queue_depth",
+                reason: format!("{} is outside 1 to 5000", self.max_queue_depth),
+            });
+        }
+        if self.lock_timeout < Duration::from_secs(1)
+            || self.lock_timeout > Duration::from_secs(3600)
+        {
+            return Err(ConfigError::Invalid {
+                key: "c2d.lock_timeout",
+                reason: "must be 1 second to 1 hour".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct DevelopmentSection {
@@ -122,6 +220,7 @@ pub struct Config {
     pub listeners: ListenersSection,
     pub storage: StorageSection,
     pub d2c: D2cSection,
+    pub c2d: C2dSection,
     pub development: DevelopmentSection,
 }
 
@@ -154,6 +253,7 @@ impl Config {
                 reason: "must be 1 to 32".into(),
             });
         }
+        self.c2d.validate()?;
         if self.d2c.retention_check_interval.is_zero() {
             return Err(ConfigError::Invalid {
                 key: "d2c.retention_check_interval",

@@ -7,6 +7,7 @@
 //! - [`https`]: the HTTPS listener (TLS accept, hyper, warp routes).
 //! - [`transport`]: the shared accept loop, MQTT over TLS, WebSocket as a byte stream.
 //! - [`mqtt`]: the MQTT device endpoint (framing, topics, property bags, sessions).
+//! - [`c2d_message`]: C2D messages on the wire (ack names, times, device properties).
 //! - [`telemetry`]: device messages into stored events, with anti-spoofing stamps.
 //! - [`x509`]: client certificate checks (thumbprints, registered CAs).
 //! - [`rest`]: the IoT Hub service REST API.
@@ -18,6 +19,7 @@
 //! via [`hub::StoreHandle`].
 
 pub mod auth;
+pub mod c2d_message;
 pub mod config;
 pub mod https;
 pub mod hub;

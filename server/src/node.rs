@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferrohub_engine::c2d::TimerKind;
 use ferrohub_engine::hub::HubSettings;
 use ferrohub_engine::{Durability, HubError, OpenError, Store, StoreConfig, UnixMillis};
 use tokio::net::TcpListener;
@@ -137,6 +138,7 @@ pub async fn serve(
         connections: Connections::new(),
         d2c: Arc::new(D2cNotify::new(next_sequences)),
         methods: Arc::default(),
+        c2d: crate::hub::c2d::C2d::new(config.c2d.queue_settings()),
     };
     let tracker = TaskTracker::new();
     let tasks = vec![
@@ -153,6 +155,20 @@ pub async fn serve(
             ctx.clone(),
             shutdown.clone(),
             tracker.clone(),
+        )),
+        tokio::spawn(crate::hub::c2d::run_sweeper(
+            TimerKind::Lock,
+            Arc::clone(&ctx.c2d),
+            ctx.store.clone(),
+            Arc::clone(&ctx.connections),
+            shutdown.clone(),
+        )),
+        tokio::spawn(crate::hub::c2d::run_sweeper(
+            TimerKind::Expiry,
+            Arc::clone(&ctx.c2d),
+            ctx.store.clone(),
+            Arc::clone(&ctx.connections),
+            shutdown.clone(),
         )),
         tokio::spawn(crate::hub::retention::run(
             ctx.store.clone(),

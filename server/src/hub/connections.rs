@@ -46,6 +46,8 @@ struct Entry {
     outbound: mpsc::Sender<Outbound>,
     /// Whether the session subscribed to `$iothub/methods/POST/#` (kept by the connection).
     methods: Arc<std::sync::atomic::AtomicBool>,
+    /// Tells the connection to look at its device's C2D queue again.
+    c2d_wake: Arc<tokio::sync::Notify>,
     device_id: String,
     is_module: bool,
     kick: CancellationToken,
@@ -63,6 +65,8 @@ pub struct Connections {
 pub struct Registration {
     /// Set by the connection while its session subscribes to methods.
     pub methods: Arc<std::sync::atomic::AtomicBool>,
+    /// Notified when the device's C2D queue may have deliverable messages.
+    pub c2d_wake: Arc<tokio::sync::Notify>,
     connections: Arc<Connections>,
     client_id: String,
     id: u64,
@@ -120,10 +124,12 @@ impl Connections {
         let kick = CancellationToken::new();
         let reason = Arc::new(Mutex::new(None));
         let methods = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let c2d_wake = Arc::new(tokio::sync::Notify::new());
         let entry = Entry {
             id,
             outbound,
             methods: Arc::clone(&methods),
+            c2d_wake: Arc::clone(&c2d_wake),
             device_id: device_id.to_string(),
             is_module,
             kick: kick.clone(),
@@ -142,6 +148,7 @@ impl Connections {
         }
         Registration {
             methods,
+            c2d_wake,
             connections: Arc::clone(self),
             client_id: client_id.to_string(),
             id,
@@ -186,6 +193,15 @@ impl Connections {
         e.methods
             .load(Ordering::Acquire)
             .then(|| e.outbound.clone())
+    }
+
+    /// Wakes the C2D delivery of a device's connection, if it is connected.
+    pub fn wake_c2d(&self, device_id: &str) {
+        if let Some(e) = self.entries.lock().get(device_id) {
+            if !e.is_module {
+                e.c2d_wake.notify_one();
+            }
+        }
     }
 
     /// Devices (not modules) connected now.

@@ -1,6 +1,7 @@
-//! Shared hub state the protocol layers use: the store seam, who is connected, and the
-//! wake-ups for D2C readers.
+//! Shared hub state the protocol layers use: the store seam, who is connected, the wake-ups
+//! for D2C readers, and C2D deadlines.
 
+pub mod c2d;
 pub mod connections;
 pub mod d2c_notify;
 pub mod methods;
@@ -23,4 +24,5 @@ pub struct HubContext {
     pub connections: Arc<Connections>,
     pub d2c: Arc<D2cNotify>,
     pub methods: Arc<methods::PendingCalls>,
+    pub c2d: Arc<c2d::C2d>,
 }

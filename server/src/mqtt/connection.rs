@@ -12,6 +12,8 @@
 //!   shutting down).
 //! - Connection state is set to Disconnected only by the client id's current connection, so a
 //!   superseded connection never overwrites its successor's state.
+//! - C2D messages are fetched (locked) only while the session subscribes to them, at most
+//!   [`super::c2d::WINDOW`] at a time; see [`super::c2d`] for completion and settlement.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -31,6 +33,7 @@ use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 
 use super::authenticate::{authenticate, Authenticated};
+use super::c2d::{Delivery, SettleMode};
 use super::codec::{CodecError, MqttCodec};
 use super::property_bag;
 use super::topics::{self, Feature, Inbound};
@@ -85,6 +88,8 @@ struct Connection<IO> {
     outbound: mpsc::Receiver<Outbound>,
     /// Published to `Connections` so method callers see whether this session takes methods.
     methods_flag: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    c2d: Delivery,
+    c2d_wake: std::sync::Arc<tokio::sync::Notify>,
 }
 
 fn keep_alive_timeout(keep_alive: u16) -> Option<Duration> {
@@ -169,6 +174,7 @@ where
             return;
         }
     };
+    let settle_mode = SettleMode::from_username(connect.user_name());
     let will = connect
         .will()
         .map(|(topic, payload)| (topic.to_string(), payload.to_vec(), connect.will_retain()));
@@ -199,6 +205,8 @@ where
         pending: FuturesOrdered::new(),
         outbound,
         methods_flag: std::sync::Arc::clone(&registration.methods),
+        c2d: Delivery::new(settle_mode, auth.who.device_id.clone()),
+        c2d_wake: std::sync::Arc::clone(&registration.c2d_wake),
     };
     let end = conn
         .serve(
@@ -208,6 +216,7 @@ where
         )
         .await;
     tracing::info!(%client_id, reason = ?end, "connection ended");
+    conn.c2d.abandon_all(&ctx);
     if !matches!(end, End::Disconnect | End::Shutdown) {
         if let Some((topic, payload, retain)) = will {
             publish_will(&ctx, &auth, &topic, payload, retain).await;
@@ -291,6 +300,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         let mut deadline = Instant::now() + keep_alive.unwrap_or(far);
         loop {
             let can_read = self.pending.len() < MAX_INFLIGHT;
+            let c2d_qos = self.c2d_subscription();
+            if c2d_qos.is_some() {
+                self.c2d.maybe_fetch(&self.ctx);
+            }
             tokio::select! {
                 biased;
                 _ = registration.kicked.cancelled() => return End::Kicked,
@@ -301,6 +314,25 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                             if self.framed.send(p).await.is_err() { return End::Closed; }
                         },
                         Err(e) => return End::StoreFailed(e),
+                    }
+                }
+                _ = self.c2d_wake.notified() => self.c2d.want = true,
+                fetched = async { self.c2d.fetch.as_mut().expect("checked").await }, if self.c2d.fetch.is_some() => {
+                    self.c2d.fetch = None;
+                    let fetched = match fetched {
+                        Ok(f) => f,
+                        Err(e) => return End::StoreFailed(e),
+                    };
+                    let qos1 = c2d_qos.unwrap_or(1) >= 1;
+                    for out in self.c2d.deliver(&self.ctx, fetched, qos1) {
+                        let Ok(topic) = mqtt::TopicName::new(out.topic) else { continue };
+                        let qos = match out.pkid {
+                            Some(id) => QoSWithPacketIdentifier::Level1(id),
+                            None => QoSWithPacketIdentifier::Level0,
+                        };
+                        if self.framed.send(PublishPacket::new(topic, qos, out.payload)).await.is_err() {
+                            return End::Closed;
+                        }
                     }
                 }
                 Some(message) = self.outbound.recv() => {
@@ -332,8 +364,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 .err()
                 .map(|_| End::Closed),
             VariablePacket::DisconnectPacket(_) => Some(End::Disconnect),
-            // Acknowledgements of messages the hub sent (C2D, methods, twin) need no answer.
-            VariablePacket::PubackPacket(_) => None,
+            // A C2D PUBACK completes the message (standard mode); others need no answer.
+            VariablePacket::PubackPacket(p) => {
+                self.c2d.on_puback(&self.ctx, p.packet_identifier());
+                None
+            }
             other => Some(End::Violation(format!("unexpected packet {other:?}"))),
         }
     }
@@ -396,6 +431,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 );
                 self.pending
                     .push_back(Box::pin(async move { Ok(work.await) }));
+                None
+            }
+            Inbound::C2dSettle { lock_token, action } => {
+                let settled = self.c2d.on_settle(&self.ctx, lock_token, action);
+                self.pending.push_back(Box::pin(async move {
+                    settled.await?;
+                    Ok(pkid
+                        .map(|id| PubackPacket::new(id).into())
+                        .into_iter()
+                        .collect())
+                }));
                 None
             }
             Inbound::MethodResponse { status, rid } => {
@@ -470,6 +516,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 None => codes.push(SubscribeReturnCode::Failure),
             }
         }
+        if granted.iter().any(|g| {
+            topics::parse_filter(&g.filter, &self.auth.who) == Some(Feature::CloudToDevice)
+        }) {
+            self.c2d.want = true;
+        }
         self.session.subscribe(granted);
         self.methods_flag.store(
             subscribes_methods(&self.session, &self.auth.who),
@@ -515,6 +566,19 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
             .await
             .err()
             .map(|e| End::StoreFailed(e.to_string()))
+    }
+}
+
+impl<IO> Connection<IO> {
+    /// The granted QoS of the session's C2D subscription, if it has one.
+    fn c2d_subscription(&self) -> Option<u8> {
+        self.session
+            .subscriptions
+            .iter()
+            .find(|s| {
+                topics::parse_filter(&s.filter, &self.auth.who) == Some(Feature::CloudToDevice)
+            })
+            .map(|s| s.qos)
     }
 }
 

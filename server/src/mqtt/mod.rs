@@ -1,8 +1,9 @@
 //! The MQTT 3.1.1 device endpoint: framing ([`codec`]), the topic grammar ([`topics`]),
 //! property bags ([`property_bag`]), CONNECT authentication ([`authenticate`]) and the
-//! per-connection state machine ([`connection`]). `mqtt-protocol` types stay inside this module.
+//! per-connection state machine ([`connection`]), with C2D delivery in [`c2d`]. `mqtt-protocol` types stay inside this module.
 
 pub mod authenticate;
+pub mod c2d;
 pub mod codec;
 pub mod connection;
 pub mod property_bag;

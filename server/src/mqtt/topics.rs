@@ -43,6 +43,11 @@ pub enum Inbound<'a> {
         status: i32,
         rid: String,
     },
+    /// C2D-7 (beyond IoT Hub): `devices/{id}/messages/devicebound/{lockToken}/{action}`.
+    C2dSettle {
+        lock_token: String,
+        action: ferrohub_engine::c2d::Settle,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -105,6 +110,24 @@ pub fn parse_publish<'a>(topic: &'a str, me: &Identity) -> Result<Inbound<'a>, T
     }
     if rest == "messages/events" {
         return Ok(Inbound::Telemetry { bag: "" });
+    }
+    if me.module_id.is_none() {
+        if let Some(settle) = rest.strip_prefix("messages/devicebound/") {
+            use ferrohub_engine::c2d::Settle;
+            let parsed = settle.split_once('/').and_then(|(token, action)| {
+                let action = match action.trim_end_matches('/') {
+                    "complete" => Settle::Complete,
+                    "reject" => Settle::Reject,
+                    "abandon" => Settle::Abandon,
+                    _ => return None,
+                };
+                (!token.is_empty()).then(|| Inbound::C2dSettle {
+                    lock_token: token.to_string(),
+                    action,
+                })
+            });
+            return parsed.ok_or_else(|| TopicError::Unknown(topic.into()));
+        }
     }
     Err(TopicError::Unknown(topic.into()))
 }
@@ -183,6 +206,19 @@ mod tests {
             parse_publish("devices/dev1/messages/devicebound/", &dev()),
             Err(TopicError::Unknown(_))
         ));
+        assert_eq!(
+            parse_publish("devices/dev1/messages/devicebound/0000-1/reject", &dev()),
+            Ok(Inbound::C2dSettle {
+                lock_token: "0000-1".into(),
+                action: ferrohub_engine::c2d::Settle::Reject
+            })
+        );
+        assert!(parse_publish("devices/dev1/messages/devicebound/t/explode", &dev()).is_err());
+        assert!(parse_publish(
+            "devices/dev1/modules/m1/messages/devicebound/t/complete",
+            &module()
+        )
+        .is_err());
         assert!(matches!(
             parse_publish("random/topic", &dev()),
             Err(TopicError::Unknown(_))

@@ -37,6 +37,8 @@ pub enum ApiError {
     Events(#[from] ferrohub_engine::d2c::D2cError),
     #[error("{0}")]
     Hub(#[from] ferrohub_engine::HubError),
+    #[error("{0}")]
+    C2d(#[from] ferrohub_engine::c2d::C2dError),
 }
 
 impl Reject for ApiError {}
@@ -103,6 +105,24 @@ impl ApiError {
                 (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004)
             }
             ApiError::Hub(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001),
+            ApiError::C2d(e) => {
+                use ferrohub_engine::c2d::C2dError as E;
+                match e {
+                    E::DeviceNotFound(_) => (StatusCode::NOT_FOUND, "DeviceNotFound", 404001),
+                    E::QueueFull { .. } => (
+                        StatusCode::FORBIDDEN,
+                        "DeviceMaximumQueueDepthExceeded",
+                        403004,
+                    ),
+                    E::BadLockToken(_) => (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004),
+                    E::LockLost(_) => (
+                        StatusCode::PRECONDITION_FAILED,
+                        "DeviceMessageLockLost",
+                        412002,
+                    ),
+                    E::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001),
+                }
+            }
             ApiError::Events(e) => {
                 use ferrohub_engine::d2c::D2cError as E;
                 match e {

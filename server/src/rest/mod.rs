@@ -6,6 +6,7 @@
 //! - Every route authenticates before it touches the store, and checks its permission.
 //! - Path ids are percent-decoded exactly once, here.
 
+mod c2d;
 mod certificates;
 pub mod error;
 mod events;
@@ -166,7 +167,9 @@ pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
         .unify()
         .or(twins::routes(ctx.clone()))
         .unify()
-        .or(methods::routes(ctx))
+        .or(methods::routes(ctx.clone()))
+        .unify()
+        .or(c2d::routes(ctx))
         .unify()
         .recover(error::recover)
         .unify()

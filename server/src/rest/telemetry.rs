@@ -47,7 +47,11 @@ pub fn routes(
 
 /// The caller may send for this identity: its own key, or DeviceConnect at hub scope or
 /// scoped to it.
-fn authorise(p: &Principal, device_id: &str, module_id: Option<&str>) -> Result<bool, AuthError> {
+pub(crate) fn authorise(
+    p: &Principal,
+    device_id: &str,
+    module_id: Option<&str>,
+) -> Result<bool, AuthError> {
     p.require(Permission::DeviceConnect)?;
     let hub_policy = matches!(p.signer, Signer::Policy(_));
     match &p.scope {

@@ -1,0 +1,277 @@
+//! C2D delivery over one MQTT connection (MQT-9) and explicit settlement (C2D-7).
+//!
+//! # Modes
+//! - Standard (what IoT Hub does): a message is locked when published; the device's PUBACK
+//!   completes it. A QoS 0 subscription completes it when sent.
+//! - Explicit (beyond IoT Hub, opt-in with `ferrohub-c2d-settlement=explicit` in the CONNECT
+//!   username's query): each message carries its lock token as `$.lt` in the property bag; the
+//!   PUBACK only acknowledges receipt, and the device settles with a PUBLISH to
+//!   `devices/{id}/messages/devicebound/{lockToken}/complete|reject|abandon`. Clients that do
+//!   not opt in never see either.
+//!
+//! # Invariants
+//! - At most [`WINDOW`] messages are locked for this connection at a time; a lock that has
+//!   expired no longer counts (the lock sweeper has returned the message to the queue).
+//! - One fetch from the queue runs at a time; a wake-up while it runs is remembered (`want`).
+//! - When the connection ends, its unsettled locks are abandoned so a reconnecting device gets
+//!   the messages at once rather than after the lock timeout; the abandon counts a delivery.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use ferrohub_engine::c2d::{Delivered, Settle, Settled, TimerKind};
+use ferrohub_engine::UnixMillis;
+use futures::Future;
+use tokio::time::Instant;
+
+use super::property_bag;
+use crate::c2d_message;
+use crate::hub::HubContext;
+use crate::rest::now;
+
+/// Messages locked for one connection at a time.
+pub const WINDOW: usize = 16;
+
+/// The CONNECT username query item that opts into explicit settlement.
+pub const EXPLICIT_OPT_IN: &str = "ferrohub-c2d-settlement=explicit";
+
+/// How this connection's device settles messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleMode {
+    OnPuback,
+    Explicit,
+}
+
+impl SettleMode {
+    pub fn from_username(username: Option<&str>) -> Self {
+        let explicit = username
+            .and_then(|u| u.split_once('?'))
+            .is_some_and(|(_, q)| q.split('&').any(|kv| kv == EXPLICIT_OPT_IN));
+        if explicit {
+            SettleMode::Explicit
+        } else {
+            SettleMode::OnPuback
+        }
+    }
+}
+
+struct InFlight {
+    pkid: Option<u16>,
+    lock_token: String,
+    lock_until: Instant,
+}
+
+type Fetch = Pin<Box<dyn Future<Output = Result<Vec<Delivered>, String>> + Send>>;
+
+/// Delivery state of one connection.
+pub struct Delivery {
+    pub mode: SettleMode,
+    device_id: String,
+    inflight: Vec<InFlight>,
+    pub fetch: Option<Fetch>,
+    /// The queue may have deliverable messages this connection has not fetched.
+    pub want: bool,
+    /// How many the running or last fetch asked for; a full answer means there may be more.
+    requested: usize,
+    next_pkid: u16,
+}
+
+/// A message ready to publish.
+pub struct Outgoing {
+    pub topic: String,
+    pub payload: Vec<u8>,
+    pub pkid: Option<u16>,
+}
+
+impl Delivery {
+    pub fn new(mode: SettleMode, device_id: String) -> Self {
+        Delivery {
+            mode,
+            device_id,
+            inflight: Vec::new(),
+            fetch: None,
+            want: true,
+            requested: 0,
+            next_pkid: 0,
+        }
+    }
+
+    /// Starts a fetch if one is wanted and the window has room.
+    pub fn maybe_fetch(&mut self, ctx: &HubContext) {
+        if !self.want || self.fetch.is_some() {
+            return;
+        }
+        let now_instant = Instant::now();
+        self.inflight.retain(|f| f.lock_until > now_instant);
+        let room = WINDOW.saturating_sub(self.inflight.len());
+        if room == 0 {
+            return;
+        }
+        self.want = false;
+        self.requested = room;
+        let (store, c2d, id) = (ctx.store.clone(), ctx.c2d.clone(), self.device_id.clone());
+        self.fetch = Some(Box::pin(async move {
+            let at = now();
+            let settings = c2d.settings;
+            let got = store
+                .run(move |s| s.receive_c2d(&id, room, at, &settings))
+                .await
+                .map_err(|e| e.to_string())?;
+            if !got.is_empty() {
+                c2d.scheduled(TimerKind::Lock, UnixMillis(at.0 + settings.lock_timeout_ms));
+            }
+            Ok(got)
+        }));
+    }
+
+    /// Records fetched messages as in flight and returns what to publish. `qos1` is whether
+    /// the subscription was granted QoS 1.
+    pub fn deliver(
+        &mut self,
+        ctx: &HubContext,
+        fetched: Vec<Delivered>,
+        qos1: bool,
+    ) -> Vec<Outgoing> {
+        let lock_for = Duration::from_millis(ctx.c2d.settings.lock_timeout_ms.max(0) as u64);
+        let mut out = Vec::with_capacity(fetched.len());
+        if fetched.len() >= self.requested {
+            self.want = true;
+        }
+        for d in fetched {
+            let mut props = c2d_message::device_properties(&self.device_id, &d);
+            if self.mode == SettleMode::Explicit {
+                props.push(("$.lt".into(), Some(d.lock_token.clone())));
+            }
+            let topic = format!(
+                "devices/{}/messages/devicebound/{}",
+                self.device_id,
+                property_bag::encode(&props)
+            );
+            let pkid = qos1.then(|| self.allocate_pkid());
+            if pkid.is_some() || self.mode == SettleMode::Explicit {
+                self.inflight.push(InFlight {
+                    pkid,
+                    lock_token: d.lock_token.clone(),
+                    lock_until: Instant::now() + lock_for,
+                });
+            } else {
+                // QoS 0 in standard mode: delivered means completed.
+                self.settle_in_background(ctx, d.lock_token.clone(), Settle::Complete);
+            }
+            out.push(Outgoing {
+                topic,
+                payload: d.message.body,
+                pkid,
+            });
+        }
+        out
+    }
+
+    fn allocate_pkid(&mut self) -> u16 {
+        loop {
+            self.next_pkid = self.next_pkid.wrapping_add(1).max(1);
+            let id = self.next_pkid;
+            if !self.inflight.iter().any(|f| f.pkid == Some(id)) {
+                return id;
+            }
+        }
+    }
+
+    /// A PUBACK from the device; true if it acknowledged a C2D message.
+    pub fn on_puback(&mut self, ctx: &HubContext, pkid: u16) -> bool {
+        let Some(i) = self.inflight.iter().position(|f| f.pkid == Some(pkid)) else {
+            return false;
+        };
+        match self.mode {
+            SettleMode::OnPuback => {
+                let f = self.inflight.swap_remove(i);
+                self.settle_in_background(ctx, f.lock_token, Settle::Complete);
+            }
+            SettleMode::Explicit => self.inflight[i].pkid = None,
+        }
+        true
+    }
+
+    /// An explicit settle from the device: the returned future finishes once it is durable
+    /// (or refused: a lost lock is logged, the device has nothing to learn from it).
+    pub fn on_settle(
+        &mut self,
+        ctx: &HubContext,
+        lock_token: String,
+        action: Settle,
+    ) -> impl Future<Output = Result<(), String>> + Send {
+        self.inflight.retain(|f| f.lock_token != lock_token);
+        let (ctx, device) = (ctx.clone(), self.device_id.clone());
+        async move {
+            match settle(&ctx, &device, lock_token, action).await {
+                Ok(_) => Ok(()),
+                Err(ferrohub_engine::c2d::C2dError::Storage(e)) => Err(e.to_string()),
+                Err(e) => {
+                    tracing::debug!(device, error = %e, "c2d settle refused");
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    fn settle_in_background(&self, ctx: &HubContext, lock_token: String, action: Settle) {
+        let (ctx, device) = (ctx.clone(), self.device_id.clone());
+        tokio::spawn(async move {
+            if let Err(e) = settle(&ctx, &device, lock_token, action).await {
+                tracing::debug!(device, error = %e, "c2d settle refused");
+            }
+        });
+    }
+
+    /// Abandons every unsettled, unexpired lock (the connection is ending).
+    pub fn abandon_all(&mut self, ctx: &HubContext) {
+        let now_instant = Instant::now();
+        for f in self.inflight.drain(..) {
+            if f.lock_until > now_instant {
+                let (ctx, device) = (ctx.clone(), self.device_id.clone());
+                tokio::spawn(async move {
+                    let _ = settle(&ctx, &device, f.lock_token, Settle::Abandon).await;
+                });
+            }
+        }
+    }
+}
+
+/// Settles one message and wakes the device's connection (its window opened, or the message
+/// is deliverable again).
+async fn settle(
+    ctx: &HubContext,
+    device_id: &str,
+    lock_token: String,
+    action: Settle,
+) -> Result<Settled, ferrohub_engine::c2d::C2dError> {
+    let settings = ctx.c2d.settings;
+    let id = device_id.to_string();
+    let at = now();
+    let result = ctx
+        .store
+        .run(move |s| s.settle_c2d(&id, &lock_token, action, at, &settings))
+        .await;
+    ctx.connections.wake_c2d(device_id);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explicit_mode_is_opt_in_through_the_username_query() {
+        assert_eq!(
+            SettleMode::from_username(Some(
+                "h/d/?api-version=2021-04-12&ferrohub-c2d-settlement=explicit"
+            )),
+            SettleMode::Explicit
+        );
+        assert_eq!(
+            SettleMode::from_username(Some("h/d/?api-version=2021-04-12&DeviceClientType=x")),
+            SettleMode::OnPuback
+        );
+        assert_eq!(SettleMode::from_username(None), SettleMode::OnPuback);
+    }
+}
