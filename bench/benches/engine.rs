@@ -111,5 +111,43 @@ fn twin_patch(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, identity, group_commit, twin_patch);
+/// C2D queue operations: one send, one receive (lock) and one complete per iteration, each a
+/// synced commit; alone and with 64 devices' cycles running at once.
+fn c2d_queue(c: &mut Criterion) {
+    use ferrohub_engine::c2d::{C2dMessage, QueueSettings, Settle};
+    let mut g = c.benchmark_group("c2d");
+    g.sample_size(20)
+        .measurement_time(Duration::from_secs(5))
+        .throughput(Throughput::Elements(1));
+    let (_dir, s) = store();
+    for i in 0..64 {
+        s.create_device(&format!("q-{i}"), &IdentitySpec::default(), NOW)
+            .expect("create");
+    }
+    let settings = QueueSettings::default();
+    let message = C2dMessage {
+        message_id: Some("m".into()),
+        properties: vec![("k".into(), "v".into())],
+        body: vec![7u8; 200],
+        ..C2dMessage::default()
+    };
+    let cycle = {
+        let (s, message) = (Arc::clone(&s), message.clone());
+        move |device: &str| {
+            s.send_c2d(device, message.clone(), NOW, &settings)
+                .expect("send");
+            let got = s.receive_c2d(device, 1, NOW, &settings).expect("receive");
+            s.settle_c2d(device, &got[0].lock_token, Settle::Complete, NOW, &settings)
+                .expect("complete");
+        }
+    };
+    g.bench_function("send_receive_complete_synced", |b| b.iter(|| cycle("q-0")));
+    let op: Arc<dyn Fn(u64) + Send + Sync> = Arc::new(move |w| cycle(&format!("q-{w}")));
+    g.bench_function("send_receive_complete_synced_64_devices", |b| {
+        b.iter_custom(|iters| run_concurrently(64, iters, Arc::clone(&op)))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, identity, group_commit, twin_patch, c2d_queue);
 criterion_main!(benches);

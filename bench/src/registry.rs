@@ -160,15 +160,17 @@ impl KeepAlive {
             .nth(1)
             .context("no status line")?
             .parse()?;
-        let length: usize = head
-            .lines()
-            .find_map(|l| {
-                l.split_once(':')
-                    .filter(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-                    .map(|(_, v)| v.trim().to_string())
-            })
-            .context("no content-length")?
-            .parse()?;
+        let declared = head.lines().find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                .map(|(_, v)| v.trim().to_string())
+        });
+        // 204 No Content has no body and need not say so.
+        let length: usize = match declared {
+            Some(v) => v.parse()?,
+            None if status == 204 => 0,
+            None => anyhow::bail!("no content-length"),
+        };
         let total = header_end + 4 + length;
         while self.buf.len() < total {
             let mut chunk = [0u8; 16 * 1024];

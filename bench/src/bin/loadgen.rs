@@ -40,6 +40,10 @@ enum Scenario {
     /// Direct methods (ferrohub only): every device answers; `--callers` back-end callers
     /// invoke `devices × messages-per-device` calls over keep-alive HTTPS; latency per call.
     Methods,
+    /// C2D (ferrohub only): every device subscribes and PUBACKs (which completes); `--callers`
+    /// back-end senders POST `devices × messages-per-device` messages over keep-alive HTTPS;
+    /// latency from the send to the device's receipt.
+    C2d,
 }
 
 #[derive(Parser, Debug)]
@@ -165,8 +169,8 @@ async fn run_device(
             // Telemetry: QoS 1, answered by PUBACK. Reported patch: QoS 0, answered on the twin
             // response topic carrying the same request id.
             let sent_packet = match args.scenario {
-                // Methods never reach here: they run in `run_methods`.
-                Scenario::Telemetry | Scenario::Methods => {
+                // Methods and C2D never reach here: they run in `run_methods` / `run_c2d`.
+                Scenario::Telemetry | Scenario::Methods | Scenario::C2d => {
                     client::publish(&topic, Some(pkid), payload.clone())
                 }
                 Scenario::Reported => client::publish(
@@ -233,7 +237,9 @@ async fn run_device(
     result
 }
 
-/// A device that answers every direct method at once, until `stop`.
+/// A device that subscribes to `filter` and answers every PUBLISH it gets with what `answer`
+/// returns, until `stop`. Counts itself in `ready` once its SUBACK arrived.
+#[allow(clippy::too_many_arguments)]
 async fn run_responder(
     args: Arc<Args>,
     tls: tokio_rustls::TlsConnector,
@@ -241,6 +247,9 @@ async fn run_responder(
     key: String,
     gate: Arc<Semaphore>,
     stop: Arc<tokio::sync::Notify>,
+    filter: String,
+    ready: Arc<std::sync::atomic::AtomicUsize>,
+    answer: Arc<dyn Fn(&mqtt::packet::PublishPacket) -> Option<VariablePacket> + Send + Sync>,
 ) -> Result<(), String> {
     let expiry = chrono::Utc::now().timestamp() as u64 + 3600;
     let user = Some(format!("{}/{id}/?api-version=2021-04-12", args.host));
@@ -253,7 +262,7 @@ async fn run_responder(
     let sub = mqtt::packet::SubscribePacket::new(
         1,
         vec![(
-            mqtt::TopicFilter::new("$iothub/methods/POST/#").map_err(|e| format!("{e:?}"))?,
+            mqtt::TopicFilter::new(filter).map_err(|e| format!("{e:?}"))?,
             mqtt::QualityOfService::Level1,
         )],
     );
@@ -262,10 +271,13 @@ async fn run_responder(
         tokio::select! {
             _ = stop.notified() => return Ok(()),
             packet = conn.next() => match packet {
+                Some(Ok(VariablePacket::SubackPacket(_))) => {
+                    ready.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 Some(Ok(VariablePacket::PublishPacket(p))) => {
-                    let Some(rid) = p.topic_name().split("$rid=").nth(1).map(str::to_string) else { continue };
-                    let answer = client::publish(&format!("$iothub/methods/res/200/?$rid={rid}"), None, b"{\"ok\":true}".to_vec()).map_err(|e| e.to_string())?;
-                    conn.send(answer).await.map_err(|e| e.to_string())?;
+                    if let Some(reply) = answer(&p) {
+                        conn.send(reply).await.map_err(|e| e.to_string())?;
+                    }
                 }
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(format!("{id}: {e}")),
@@ -283,21 +295,27 @@ async fn run_methods(
     key: String,
     owner_token: String,
 ) -> anyhow::Result<()> {
-    let gate = Arc::new(Semaphore::new(args.connect_concurrency.max(1)));
     let stop = Arc::new(tokio::sync::Notify::new());
-    let responders: Vec<_> = ids
-        .iter()
-        .map(|id| {
-            tokio::spawn(run_responder(
-                Arc::clone(&args),
-                tls.clone(),
-                id.clone(),
-                key.clone(),
-                Arc::clone(&gate),
-                Arc::clone(&stop),
-            ))
-        })
-        .collect();
+    let answer: Arc<dyn Fn(&mqtt::packet::PublishPacket) -> Option<VariablePacket> + Send + Sync> =
+        Arc::new(|p| {
+            let rid = p.topic_name().split("$rid=").nth(1)?;
+            client::publish(
+                &format!("$iothub/methods/res/200/?$rid={rid}"),
+                None,
+                b"{\"ok\":true}".to_vec(),
+            )
+            .ok()
+            .map(Into::into)
+        });
+    let (responders, _) = spawn_responders(
+        &args,
+        &tls,
+        &ids,
+        &key,
+        &stop,
+        |_| "$iothub/methods/POST/#".to_string(),
+        answer,
+    );
     // Wait until every device's subscription is in place: a call to the last one succeeds.
     let mut probe = registry::KeepAlive::connect(&tls, &args.host, args.https_port).await?;
     let body = br#"{"methodName":"probe","payload":null,"responseTimeoutInSeconds":30,"connectTimeoutInSeconds":60}"#;
@@ -384,6 +402,189 @@ async fn run_methods(
     Ok(())
 }
 
+/// Starts one responder per device; returns their handles and the SUBACK counter.
+#[allow(clippy::type_complexity)]
+fn spawn_responders(
+    args: &Arc<Args>,
+    tls: &tokio_rustls::TlsConnector,
+    ids: &[String],
+    key: &str,
+    stop: &Arc<tokio::sync::Notify>,
+    filter: impl Fn(&str) -> String,
+    answer: Arc<dyn Fn(&mqtt::packet::PublishPacket) -> Option<VariablePacket> + Send + Sync>,
+) -> (
+    Vec<tokio::task::JoinHandle<Result<(), String>>>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let gate = Arc::new(Semaphore::new(args.connect_concurrency.max(1)));
+    let ready = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handles = ids
+        .iter()
+        .map(|id| {
+            tokio::spawn(run_responder(
+                Arc::clone(args),
+                tls.clone(),
+                id.clone(),
+                key.to_string(),
+                Arc::clone(&gate),
+                Arc::clone(stop),
+                filter(id),
+                Arc::clone(&ready),
+                Arc::clone(&answer),
+            ))
+        })
+        .collect();
+    (handles, ready)
+}
+
+/// Runs the C2D scenario and prints its report.
+async fn run_c2d(
+    args: Arc<Args>,
+    tls: tokio_rustls::TlsConnector,
+    ids: Vec<String>,
+    key: String,
+    owner_token: String,
+) -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let total = ids.len() * args.messages_per_device;
+    let origin = Instant::now();
+    let received = Arc::new(AtomicUsize::new(0));
+    let latencies = Arc::new(parking_lot::Mutex::new(Vec::with_capacity(total)));
+    let all_received = Arc::new(tokio::sync::Notify::new());
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let answer: Arc<dyn Fn(&mqtt::packet::PublishPacket) -> Option<VariablePacket> + Send + Sync> = {
+        let (received, latencies, all_received) = (
+            Arc::clone(&received),
+            Arc::clone(&latencies),
+            Arc::clone(&all_received),
+        );
+        Arc::new(move |p| {
+            // The body is the send time in microseconds since `origin`.
+            if let Some(sent) = std::str::from_utf8(p.payload())
+                .ok()
+                .and_then(|b| b.parse::<u64>().ok())
+            {
+                let now = origin.elapsed().as_micros() as u64;
+                latencies.lock().push(now.saturating_sub(sent));
+            }
+            if received.fetch_add(1, Ordering::Relaxed) + 1 == total {
+                all_received.notify_one();
+            }
+            match p.qos() {
+                mqtt::packet::QoSWithPacketIdentifier::Level1(id) => {
+                    Some(mqtt::packet::PubackPacket::new(id).into())
+                }
+                _ => None,
+            }
+        })
+    };
+    let (responders, ready) = spawn_responders(
+        &args,
+        &tls,
+        &ids,
+        &key,
+        &stop,
+        |id| format!("devices/{id}/messages/devicebound/#"),
+        answer,
+    );
+    let wait_ready = Instant::now();
+    while ready.load(Ordering::Relaxed) < ids.len() {
+        anyhow::ensure!(
+            wait_ready.elapsed() < Duration::from_secs(args.time_limit),
+            "only {} of {} devices subscribed",
+            ready.load(Ordering::Relaxed),
+            ids.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let ids = Arc::new(ids);
+    let start = Instant::now();
+    let senders: Vec<_> = (0..args.callers.max(1))
+        .map(|_| {
+            let (tls, args, ids, next, refused, token) = (
+                tls.clone(),
+                Arc::clone(&args),
+                Arc::clone(&ids),
+                Arc::clone(&next),
+                Arc::clone(&refused),
+                owner_token.clone(),
+            );
+            tokio::spawn(async move {
+                let mut http = registry::KeepAlive::connect(&tls, &args.host, args.https_port)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        return Ok::<_, String>(());
+                    }
+                    let path = format!(
+                        "/devices/{}/messages/deviceBound?api-version=2021-04-12",
+                        ids[i % ids.len()]
+                    );
+                    loop {
+                        let body = (origin.elapsed().as_micros() as u64).to_string();
+                        let (status, _) = http
+                            .request("POST", &path, &token, body.as_bytes())
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        match status {
+                            204 => break,
+                            // Queue full: the device is behind; try again shortly.
+                            403 => {
+                                refused.fetch_add(1, Ordering::Relaxed);
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
+                            other => return Err(format!("send answered {other}")),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let sent = futures::future::join_all(senders).await;
+    let mut errors: Vec<String> = sent
+        .into_iter()
+        .filter_map(|r| match r {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(e) => Some(e.to_string()),
+        })
+        .collect();
+    if received.load(Ordering::Relaxed) < total
+        && tokio::time::timeout(
+            Duration::from_secs(args.time_limit),
+            all_received.notified(),
+        )
+        .await
+        .is_err()
+    {
+        errors.push(format!(
+            "only {} of {total} messages received",
+            received.load(Ordering::Relaxed)
+        ));
+    }
+    let duration = start.elapsed();
+    stop.notify_waiters();
+    for r in responders {
+        r.abort();
+    }
+    let latencies = std::mem::take(&mut *latencies.lock());
+    let report = serde_json::json!({
+        "target": "ferrohub", "scenario": "c2d", "devices": ids.len(), "callers": args.callers,
+        "messages": total, "received": received.load(Ordering::Relaxed),
+        "queue_full_retries": refused.load(Ordering::Relaxed),
+        "errors": errors.len(), "first_error": errors.first(),
+        "duration_s": duration.as_secs_f64(),
+        "throughput_msgs_per_s": received.load(Ordering::Relaxed) as f64 / duration.as_secs_f64(),
+        "send_to_receipt_latency": stats::percentiles(latencies),
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Arc::new(Args::parse());
@@ -411,8 +612,14 @@ async fn main() -> anyhow::Result<()> {
             let device_key = "bG9hZGdlbi1kZXZpY2Uta2V5LTMyLWJ5dGVzLWxvbmchISE=".to_string();
             registry::register(&tls, &args.host, args.https_port, &token, &ids, &device_key)
                 .await?;
-            if args.scenario == Scenario::Methods {
-                return run_methods(Arc::clone(&args), tls, ids, device_key, token).await;
+            match args.scenario {
+                Scenario::Methods => {
+                    return run_methods(Arc::clone(&args), tls, ids, device_key, token).await
+                }
+                Scenario::C2d => {
+                    return run_c2d(Arc::clone(&args), tls, ids, device_key, token).await
+                }
+                Scenario::Telemetry | Scenario::Reported => {}
             }
             Some(device_key)
         }

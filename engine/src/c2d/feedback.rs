@@ -116,14 +116,20 @@ impl Store {
     ) -> Result<Option<FeedbackMessage>, StorageError> {
         let _guard = self.feedback_lock.lock();
         let mut batch = Batch::default();
+        let mut head = Head::load(&self.raw, FEEDBACK_QUEUE)?;
+        let before = head;
         let existing = queue::lock_available::<FeedbackContent>(
             &self.raw,
             &mut batch,
             FEEDBACK_QUEUE,
+            &mut head,
             1,
             now,
             settings.lock_timeout_ms,
         )?;
+        if head != before {
+            head.put(&mut batch, FEEDBACK_QUEUE);
+        }
         if let Some((q, token)) = existing.into_iter().next() {
             self.raw.commit(batch)?;
             return Ok(Some(to_message(q, token)));
@@ -150,7 +156,6 @@ impl Store {
             self.raw.commit(batch)?;
             return Ok(None);
         }
-        let mut head = Head::load(&self.raw, FEEDBACK_QUEUE)?;
         let token = LockToken::new(head.next_sequence);
         let until = UnixMillis(now.0.saturating_add(settings.lock_timeout_ms));
         let q = Queued {

@@ -251,15 +251,21 @@ impl Store {
         }
         let _guard = self.stripes.lock(device_id);
         let queue = keys::c2d::device_queue(device_id);
+        let mut head = Head::load(&self.raw, &queue)?;
+        let before = head;
         let mut batch = Batch::default();
         let locked = queue::lock_available::<DeviceContent>(
             &self.raw,
             &mut batch,
             &queue,
+            &mut head,
             max,
             now,
             settings.lock_timeout_ms,
         )?;
+        if head != before {
+            head.put(&mut batch, &queue);
+        }
         self.raw.commit(batch)?;
         Ok(locked
             .into_iter()
@@ -326,7 +332,7 @@ impl Store {
         let mut head = Head::load(&self.raw, &queue)?;
         let mut batch = Batch::default();
         let mut purged = 0;
-        for q in queue::all::<DeviceContent>(&self.raw, &queue)? {
+        for q in queue::all::<DeviceContent>(&self.raw, &queue, &head.clone())? {
             q.remove(&mut batch, &queue, &mut head);
             purged += 1;
         }
@@ -359,6 +365,7 @@ impl Store {
         let end = keys::prefix_end(&queue).unwrap_or_else(|| vec![0xff; queue.len() + 9]);
         batch.delete_range(cf::C2D_MESSAGES, queue.clone(), end);
         head.depth = 0;
+        head.oldest = head.next_sequence;
         head.put(batch, &queue);
         Ok(())
     }

@@ -15,11 +15,17 @@ use crate::keys::{self, c2d::TIMER_EXPIRY, c2d::TIMER_LOCK};
 use crate::model::UnixMillis;
 use crate::raw::{Batch, Raw};
 
-/// A queue's next sequence number and how many messages it holds.
+/// A queue's next sequence number, how many messages it holds, and a lower bound of its
+/// oldest live sequence number.
+///
+/// `oldest` exists because removed messages leave tombstones until compaction: scanning a
+/// queue from sequence 0 would walk every message it ever held. Invariant: no message with a
+/// sequence below `oldest` is stored. A receive advances it to the first live message it meets.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Head {
     pub next_sequence: u64,
     pub depth: u32,
+    pub oldest: u64,
 }
 
 impl Head {
@@ -89,6 +95,9 @@ impl<C: Serialize + DeserializeOwned> Queued<C> {
             );
         }
         head.depth = head.depth.saturating_sub(1);
+        if self.sequence == head.oldest {
+            head.oldest += 1;
+        }
     }
 
     /// Stages the return of a locked message to the queue.
@@ -121,36 +130,43 @@ pub(crate) fn locked_by<C: Serialize + DeserializeOwned>(
 pub(crate) fn all<C: DeserializeOwned>(
     raw: &Raw,
     queue: &[u8],
+    head: &Head,
 ) -> Result<Vec<Queued<C>>, StorageError> {
     let mut out = Vec::new();
-    raw.scan_records(cf::C2D_MESSAGES, queue, keys::prefix_end(queue), |_, q| {
+    let from = keys::c2d::message(queue, head.oldest);
+    raw.scan_records(cf::C2D_MESSAGES, &from, keys::prefix_end(queue), |_, q| {
         out.push(q);
         true
     })?;
     Ok(out)
 }
 
-/// Locks up to `max` unlocked, unexpired messages, oldest first, counting a delivery each.
+/// Locks up to `max` unlocked, unexpired messages, oldest first, counting a delivery each,
+/// and advances `head.oldest` (the caller stages the head).
 pub(crate) fn lock_available<C: Serialize + DeserializeOwned>(
     raw: &Raw,
     batch: &mut Batch,
     queue: &[u8],
+    head: &mut Head,
     max: usize,
     now: UnixMillis,
     lock_timeout_ms: i64,
 ) -> Result<Vec<(Queued<C>, LockToken)>, StorageError> {
     let mut locked = Vec::new();
+    let mut first_live = None;
     raw.scan_records(
         cf::C2D_MESSAGES,
-        queue,
+        &keys::c2d::message(queue, head.oldest),
         keys::prefix_end(queue),
         |_, q: Queued<C>| {
+            first_live.get_or_insert(q.sequence);
             if q.lock.is_none() && q.expiry > now {
                 locked.push(q);
             }
             locked.len() < max
         },
     )?;
+    head.oldest = first_live.unwrap_or(head.next_sequence);
     let until = UnixMillis(now.0.saturating_add(lock_timeout_ms));
     Ok(locked
         .into_iter()
