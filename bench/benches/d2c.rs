@@ -19,6 +19,7 @@ use ferrohub_engine::{Store, StoreConfig};
 fn event(device: u64) -> NewEvent {
     NewEvent {
         device_id: format!("dev-{device}"),
+        endpoints: None,
         system_properties: vec![
             ("message-id".into(), format!("m-{device}")),
             (

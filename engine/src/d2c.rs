@@ -42,6 +42,12 @@ pub enum D2cError {
     TooManyGroups(usize),
     #[error("the $Default consumer group cannot be deleted")]
     DefaultGroup,
+    #[error("endpoint {0} does not exist")]
+    NoSuchEndpoint(String),
+    #[error("endpoint {0} already exists")]
+    EndpointExists(String),
+    #[error("no room for {0} more partitions (at most {max} in all)", max = MAX_PARTITIONS)]
+    NoPartitionSpace(u16),
     #[error(transparent)]
     Invalid(#[from] ValidationError),
     #[error(transparent)]
@@ -65,8 +71,11 @@ pub struct D2cEvent {
 /// An event to append; the engine assigns partition, sequence number, offset and time.
 #[derive(Debug, Clone, Default)]
 pub struct NewEvent {
-    /// Chooses the partition.
+    /// Chooses the partition within each endpoint.
     pub device_id: String,
+    /// Where the event goes: `None` is the built-in endpoint only; an empty list is nowhere
+    /// (routed away); otherwise one copy per endpoint.
+    pub endpoints: Option<Vec<EndpointSlot>>,
     pub system_properties: Vec<(String, String)>,
     pub application_properties: Vec<(String, String)>,
     pub body: Vec<u8>,
@@ -133,29 +142,75 @@ struct ConsumerGroupRecord {
 }
 
 /// Partition locks held while a batch is staged and submitted.
-struct PartitionGuards<'a>(
+pub(crate) struct PartitionGuards<'a>(
     #[allow(dead_code)] Vec<(u16, parking_lot::MutexGuard<'a, PartitionHead>)>,
 );
 
-/// In-memory partition heads, loaded at open.
+/// Every partition of every endpoint, by global partition number: the built-in endpoint's
+/// are `0..count`, a custom endpoint's are `base..base + partitions` (see [`crate::endpoints`]).
+pub const MAX_PARTITIONS: u16 = 256;
+
+/// Where an endpoint's partitions are in the global numbering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointSlot {
+    pub base: u16,
+    pub partitions: u16,
+}
+
+impl EndpointSlot {
+    /// The global partition of a device's events in this endpoint.
+    pub fn partition_of(&self, device_id: &str) -> u16 {
+        self.base + partition_of(device_id, self.partitions)
+    }
+
+    pub fn contains(&self, global: u16) -> bool {
+        (self.base..self.base + self.partitions).contains(&global)
+    }
+}
+
+/// In-memory partition heads (all [`MAX_PARTITIONS`], loaded at open) and the endpoints.
 pub(crate) struct Partitions {
     heads: Vec<Mutex<PartitionHead>>,
+    builtin: u16,
+    pub(crate) custom: parking_lot::RwLock<Vec<crate::endpoints::Endpoint>>,
 }
 
 impl Partitions {
-    pub(crate) fn load(raw: &Raw, count: u16) -> Result<Partitions, StorageError> {
-        let mut heads = Vec::with_capacity(count as usize);
-        for p in 0..count {
+    pub(crate) fn load(raw: &Raw, builtin: u16) -> Result<Partitions, StorageError> {
+        let mut heads = Vec::with_capacity(MAX_PARTITIONS as usize);
+        for p in 0..MAX_PARTITIONS {
             let head: PartitionHead = raw
                 .get_record(cf::D2C_STATE, &keys::d2c::head(p))?
                 .unwrap_or_default();
             heads.push(Mutex::new(head));
         }
-        Ok(Partitions { heads })
+        let custom = crate::endpoints::load(raw)?;
+        Ok(Partitions {
+            heads,
+            builtin,
+            custom: parking_lot::RwLock::new(custom),
+        })
     }
 
+    /// The built-in endpoint's partition count.
     pub(crate) fn count(&self) -> u16 {
-        self.heads.len() as u16
+        self.builtin
+    }
+
+    pub(crate) fn builtin_slot(&self) -> EndpointSlot {
+        EndpointSlot {
+            base: 0,
+            partitions: self.builtin,
+        }
+    }
+
+    /// Every partition of every endpoint.
+    fn all(&self) -> Vec<u16> {
+        let mut out: Vec<u16> = (0..self.builtin).collect();
+        for e in self.custom.read().iter() {
+            out.extend(e.slot.base..e.slot.base + e.slot.partitions);
+        }
+        out
     }
 }
 
@@ -186,7 +241,8 @@ impl Store {
     }
 
     fn check_partition(&self, p: u16) -> Result<(), D2cError> {
-        if p < self.partitions().count() {
+        let parts = self.partitions();
+        if p < parts.count() || parts.custom.read().iter().any(|e| e.slot.contains(p)) {
             Ok(())
         } else {
             Err(D2cError::NoSuchPartition(p))
@@ -200,17 +256,20 @@ impl Store {
 
     /// Assigns partitions, sequence numbers and offsets to `events` and queues them as one
     /// atomic batch. Events of one partition keep the order given.
-    fn stage_events(
+    pub(crate) fn stage_events(
         &self,
         events: Vec<NewEvent>,
         now: UnixMillis,
     ) -> Result<(Batch, Vec<Appended>, PartitionGuards<'_>), D2cError> {
-        let count = self.partitions().count();
-        let targets: Vec<u16> = events
+        let builtin = self.partitions().builtin_slot();
+        let targets: Vec<Vec<u16>> = events
             .iter()
-            .map(|e| partition_of(&e.device_id, count))
+            .map(|e| match &e.endpoints {
+                None => vec![builtin.partition_of(&e.device_id)],
+                Some(slots) => slots.iter().map(|s| s.partition_of(&e.device_id)).collect(),
+            })
             .collect();
-        let mut wanted = targets.clone();
+        let mut wanted: Vec<u16> = targets.iter().flatten().copied().collect();
         wanted.sort_unstable();
         wanted.dedup();
         // IMPORTANT: partition locks in ascending order; held until the batch is submitted so
@@ -221,41 +280,43 @@ impl Store {
             .collect();
         let mut batch = Batch::default();
         let mut out = Vec::with_capacity(events.len());
-        for (ev, p) in events.into_iter().zip(targets) {
-            let head = &mut guards
-                .iter_mut()
-                .find(|(q, _)| *q == p)
-                .expect("locked above")
-                .1;
-            let enqueued = now.max(head.last_enqueued);
-            let event = D2cEvent {
-                partition: p,
-                sequence_number: head.next_sequence,
-                offset: head.next_offset,
-                enqueued_time: enqueued,
-                system_properties: ev.system_properties,
-                application_properties: ev.application_properties,
-                body: ev.body,
-            };
-            let framed = record::encode(&event);
-            **head = PartitionHead {
-                next_sequence: event.sequence_number + 1,
-                next_offset: event.offset + framed.len() as u64,
-                last_enqueued: enqueued,
-                last_sequence: Some(event.sequence_number),
-                last_offset: Some(event.offset),
-            };
-            batch.put_framed(
-                cf::D2C_EVENTS,
-                keys::d2c::event(p, event.sequence_number),
-                framed,
-            );
-            out.push(Appended {
-                partition: p,
-                sequence_number: event.sequence_number,
-                offset: event.offset,
-                enqueued_time: enqueued,
-            });
+        for (ev, ps) in events.into_iter().zip(targets) {
+            for p in ps {
+                let head = &mut guards
+                    .iter_mut()
+                    .find(|(q, _)| *q == p)
+                    .expect("locked above")
+                    .1;
+                let enqueued = now.max(head.last_enqueued);
+                let event = D2cEvent {
+                    partition: p,
+                    sequence_number: head.next_sequence,
+                    offset: head.next_offset,
+                    enqueued_time: enqueued,
+                    system_properties: ev.system_properties.clone(),
+                    application_properties: ev.application_properties.clone(),
+                    body: ev.body.clone(),
+                };
+                let framed = record::encode(&event);
+                **head = PartitionHead {
+                    next_sequence: event.sequence_number + 1,
+                    next_offset: event.offset + framed.len() as u64,
+                    last_enqueued: enqueued,
+                    last_sequence: Some(event.sequence_number),
+                    last_offset: Some(event.offset),
+                };
+                batch.put_framed(
+                    cf::D2C_EVENTS,
+                    keys::d2c::event(p, event.sequence_number),
+                    framed,
+                );
+                out.push(Appended {
+                    partition: p,
+                    sequence_number: event.sequence_number,
+                    offset: event.offset,
+                    enqueued_time: enqueued,
+                });
+            }
         }
         for (p, head) in &guards {
             batch.put_record(cf::D2C_STATE, keys::d2c::head(*p), &**head);
@@ -410,7 +471,7 @@ impl Store {
     pub fn trim_events_before(&self, cutoff: UnixMillis) -> Result<u64, D2cError> {
         let mut batch = Batch::default();
         let mut removed = 0;
-        for p in 0..self.partitions().count() {
+        for p in self.partitions().all() {
             let info = self.partition_info(p)?;
             if info.is_empty {
                 continue;

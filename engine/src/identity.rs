@@ -23,7 +23,9 @@ use crate::model::{
     new_generation_id, next_etag, validate_id, ConnectionState, Identity, IdentitySpec, IfMatch,
     Status, UnixMillis, MAX_BULK_IDENTITIES, MAX_MODULES_PER_DEVICE,
 };
+use crate::notifications::{NotificationOp, PendingNotification};
 use crate::raw::Batch;
+use crate::twin::store::TwinRecord;
 use crate::Store;
 
 /// What a bulk item asks for (the `importMode` of IoT Hub).
@@ -103,6 +105,8 @@ struct Txn<'a> {
     devices: HashMap<String, Option<Identity>>,
     modules: HashMap<(String, String), Option<Identity>>,
     counters: DeviceCounters,
+    /// Lifecycle and connection notifications committed with the batch.
+    notes: Vec<PendingNotification>,
 }
 
 impl<'a> Txn<'a> {
@@ -113,6 +117,7 @@ impl<'a> Txn<'a> {
             devices: HashMap::new(),
             modules: HashMap::new(),
             counters: DeviceCounters::default(),
+            notes: Vec::new(),
         }
     }
 
@@ -215,6 +220,8 @@ impl<'a> Txn<'a> {
             managed_by: None,
         };
         self.put_device(None, device.clone());
+        let twin = self.new_twin(&device)?;
+        self.note_lifecycle(&device, &twin, NotificationOp::CreateDeviceIdentity, now);
         Ok(device)
     }
 
@@ -245,15 +252,26 @@ impl<'a> Txn<'a> {
         Ok(next)
     }
 
-    fn delete_device(&mut self, id: &str, if_match: &IfMatch) -> Result<(), RegistryError> {
+    fn delete_device(
+        &mut self,
+        id: &str,
+        if_match: &IfMatch,
+        now: UnixMillis,
+    ) -> Result<(), RegistryError> {
         let current = self
             .device(id)?
             .ok_or_else(|| RegistryError::DeviceNotFound(id.to_string()))?;
         if_match.check(&current.etag)?;
+        let twin = self.store.load_twin_record(&current)?;
+        self.note_lifecycle(&current, &twin, NotificationOp::DeleteDeviceIdentity, now);
         self.batch.delete(cf::SESSIONS, id.as_bytes().to_vec());
         self.batch.delete(cf::TWINS, keys::twin(id, None));
         self.store.stage_queue_deletion(&mut self.batch, id)?;
         for mid in self.module_ids(id)? {
+            if let Some(module) = self.module(id, &mid)? {
+                let twin = self.store.load_twin_record(&module)?;
+                self.note_lifecycle(&module, &twin, NotificationOp::DeleteDeviceIdentity, now);
+            }
             self.batch
                 .delete(cf::SESSIONS, format!("{id}/{mid}").into_bytes());
             self.batch.delete(cf::TWINS, keys::twin(id, Some(&mid)));
@@ -309,6 +327,8 @@ impl<'a> Txn<'a> {
             managed_by: spec.managed_by.clone(),
         };
         self.put_module(module.clone());
+        let twin = self.new_twin(&module)?;
+        self.note_lifecycle(&module, &twin, NotificationOp::CreateDeviceIdentity, now);
         Ok(module)
     }
 
@@ -340,6 +360,7 @@ impl<'a> Txn<'a> {
         device_id: &str,
         module_id: &str,
         if_match: &IfMatch,
+        now: UnixMillis,
     ) -> Result<(), RegistryError> {
         let current =
             self.module(device_id, module_id)?
@@ -348,6 +369,8 @@ impl<'a> Txn<'a> {
                     module_id: module_id.into(),
                 })?;
         if_match.check(&current.etag)?;
+        let twin = self.store.load_twin_record(&current)?;
+        self.note_lifecycle(&current, &twin, NotificationOp::DeleteDeviceIdentity, now);
         self.batch.delete(
             cf::SESSIONS,
             format!("{device_id}/{module_id}").into_bytes(),
@@ -390,8 +413,8 @@ impl<'a> Txn<'a> {
             (None, UpdateIfMatchETag) => self
                 .update_device(d, &item.spec, &etag_match()?, now)
                 .map(drop),
-            (None, Delete) => self.delete_device(d, &IfMatch::Any),
-            (None, DeleteIfMatchETag) => self.delete_device(d, &etag_match()?),
+            (None, Delete) => self.delete_device(d, &IfMatch::Any, now),
+            (None, DeleteIfMatchETag) => self.delete_device(d, &etag_match()?, now),
             (Some(m), Create) => self.create_module(d, m, &item.spec, now).map(drop),
             (Some(m), Update) => self
                 .update_module(d, m, &item.spec, &IfMatch::Any)
@@ -399,8 +422,8 @@ impl<'a> Txn<'a> {
             (Some(m), UpdateIfMatchETag) => self
                 .update_module(d, m, &item.spec, &etag_match()?)
                 .map(drop),
-            (Some(m), Delete) => self.delete_module(d, m, &IfMatch::Any),
-            (Some(m), DeleteIfMatchETag) => self.delete_module(d, m, &etag_match()?),
+            (Some(m), Delete) => self.delete_module(d, m, &IfMatch::Any, now),
+            (Some(m), DeleteIfMatchETag) => self.delete_module(d, m, &etag_match()?, now),
             (_, CreateOrUpdate | CreateOrUpdateIfMatchETag) => unreachable!("resolved above"),
         }
     }
@@ -408,7 +431,29 @@ impl<'a> Txn<'a> {
     fn commit(mut self) -> Result<(), StorageError> {
         self.batch
             .merge_counters(DEVICE_COUNTERS_KEY, self.counters);
-        self.store.raw.commit(self.batch)
+        self.store.commit_with_notifications(self.batch, self.notes)
+    }
+
+    /// Records a lifecycle notification whose body is the identity's twin.
+    fn note_lifecycle(
+        &mut self,
+        identity: &Identity,
+        twin: &TwinRecord,
+        op: NotificationOp,
+        now: UnixMillis,
+    ) {
+        self.notes.push(PendingNotification {
+            device_id: identity.device_id.clone(),
+            module_id: identity.module_id.clone(),
+            op,
+            time: now,
+            body: crate::twin::changes::whole_twin(identity, twin),
+        });
+    }
+
+    /// The twin a new identity starts with.
+    fn new_twin(&self, identity: &Identity) -> Result<TwinRecord, StorageError> {
+        self.store.load_twin_record(identity)
     }
 }
 
@@ -458,8 +503,13 @@ impl Store {
     ///
     /// # Errors
     /// [`RegistryError::DeviceNotFound`], [`RegistryError::EtagMismatch`] or storage errors.
-    pub fn delete_device(&self, device_id: &str, if_match: &IfMatch) -> Result<(), RegistryError> {
-        self.in_txn(device_id, |t| t.delete_device(device_id, if_match))
+    pub fn delete_device(
+        &self,
+        device_id: &str,
+        if_match: &IfMatch,
+        now: UnixMillis,
+    ) -> Result<(), RegistryError> {
+        self.in_txn(device_id, |t| t.delete_device(device_id, if_match, now))
     }
 
     /// # Errors
@@ -539,9 +589,10 @@ impl Store {
         device_id: &str,
         module_id: &str,
         if_match: &IfMatch,
+        now: UnixMillis,
     ) -> Result<(), RegistryError> {
         self.in_txn(device_id, |t| {
-            t.delete_module(device_id, module_id, if_match)
+            t.delete_module(device_id, module_id, if_match, now)
         })
     }
 
@@ -611,6 +662,17 @@ impl Store {
                     t.put_device(Some(&previous), next.clone());
                 }
             }
+            t.notes.push(PendingNotification {
+                device_id: device_id.to_string(),
+                module_id: module_id.map(str::to_string),
+                op: if connected {
+                    NotificationOp::DeviceConnected
+                } else {
+                    NotificationOp::DeviceDisconnected
+                },
+                time: now,
+                body: serde_json::Map::new(),
+            });
             Ok(Some(next))
         })
     }

@@ -8,8 +8,10 @@
 //! - [`identity`]: the device and module registry.
 //! - [`hub`]: hub settings and shared access policies.
 //! - [`c2d`]: cloud-to-device queues, locks, expiry, dead letters and feedback.
+//! - [`endpoints`]: custom endpoints (more partitioned streams) and the routed append.
 //! - [`d2c`]: device-to-cloud partitions, consumer groups, checkpoints, retention.
 //! - [`sessions`]: persistent MQTT sessions (subscriptions per client id).
+//! - [`notifications`]: the outbox of non-telemetry events (twin, lifecycle, connection).
 //! - [`twin`]: twin section rules (limits, merge patches, versions, metadata).
 //! - [`error`]: one error enum per kind of operation, wrapping [`StorageError`].
 //! - Record framing and schema versions live in `ferrohub-migrations`.
@@ -33,11 +35,13 @@
 
 pub mod c2d;
 pub mod d2c;
+pub mod endpoints;
 pub mod error;
 pub mod hub;
 pub mod identity;
 mod keys;
 pub mod model;
+pub mod notifications;
 mod raw;
 pub mod sessions;
 mod stripes;
@@ -76,10 +80,12 @@ fn next_twin_sequence(raw: &raw::Raw, version: u32) -> Result<u64, StorageError>
     if version < 4 {
         return Ok(0);
     }
-    Ok(match raw.last_key(ferrohub_migrations::cf::TWIN_CHANGES)? {
+    let after_last = match raw.last_key(ferrohub_migrations::cf::TWIN_CHANGES)? {
         Some(k) if k.len() == 8 => u64::from_be_bytes(k.try_into().unwrap_or([0; 8])) + 1,
         _ => 0,
-    })
+    };
+    // Routed notifications are deleted: the router's cursor remembers how far numbering got.
+    Ok(after_last.max(endpoints::stored_cursor(raw)?))
 }
 
 /// A handle to the open database. Cheap to share behind an `Arc`; all methods take `&self`.
@@ -87,8 +93,9 @@ pub struct Store {
     raw: raw::Raw,
     stripes: stripes::Stripes,
     partitions: d2c::Partitions,
-    /// Next twin change sequence number; held while a change is submitted (see `twin::changes`).
+    /// Next notification sequence number; held while one is submitted (see `notifications`).
     twin_sequence: Mutex<u64>,
+    notification_hook: notifications::HookCell,
     /// Serialises hub-settings writes (rare; never on a hot path).
     hub_lock: Mutex<()>,
     /// Next key for a waiting feedback record (see `c2d::feedback`).
@@ -158,6 +165,7 @@ impl Store {
             hub_lock: Mutex::new(()),
             feedback_sequence,
             feedback_lock: Mutex::new(()),
+            notification_hook: Default::default(),
         })
     }
 
@@ -184,6 +192,7 @@ impl Store {
             hub_lock: Mutex::new(()),
             feedback_sequence,
             feedback_lock: Mutex::new(()),
+            notification_hook: Default::default(),
         })
     }
 

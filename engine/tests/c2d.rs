@@ -373,7 +373,7 @@ fn deleting_a_device_drops_its_queue_and_sequence_numbers_keep_growing() {
     store.send_c2d("d", msg("a", Ack::Full), t(0), &s).unwrap();
     store.send_c2d("d", msg("b", Ack::Full), t(0), &s).unwrap();
     store.receive_c2d("d", 1, t(0), &s).unwrap();
-    store.delete_device("d", &IfMatch::Any).unwrap();
+    store.delete_device("d", &IfMatch::Any, t(0)).unwrap();
     with_device(&store, "d");
     assert_eq!(store.c2d_depth("d").unwrap(), 0);
     assert!(store.receive_c2d("d", 5, t(1), &s).unwrap().is_empty());

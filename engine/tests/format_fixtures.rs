@@ -110,7 +110,11 @@ fn version_1_fixture_opens_and_migrates() {
         .create_device("delta", &IdentitySpec::default(), common::T0)
         .unwrap();
     store
-        .delete_device("gamma", &ferrohub_engine::model::IfMatch::Any)
+        .delete_device(
+            "gamma",
+            &ferrohub_engine::model::IfMatch::Any,
+            ferrohub_engine::UnixMillis(0),
+        )
         .unwrap();
     assert_eq!(
         store.registry_statistics().unwrap(),

@@ -4,7 +4,7 @@ mod common;
 
 use ferrohub_engine::identity::{BulkItem, ImportMode};
 use ferrohub_engine::model::{
-    AuthType, IdentitySpec, IfMatch, KeysSpec, Status, MAX_MODULES_PER_DEVICE,
+    AuthType, IdentitySpec, IfMatch, KeysSpec, Status, UnixMillis, MAX_MODULES_PER_DEVICE,
 };
 use ferrohub_engine::RegistryError;
 
@@ -46,10 +46,12 @@ fn etags_change_and_guard_updates() {
         "a refused update changes nothing"
     );
     assert!(matches!(
-        store.delete_device("d1", &IfMatch::Etag(d.etag)),
+        store.delete_device("d1", &IfMatch::Etag(d.etag), UnixMillis(0)),
         Err(RegistryError::EtagMismatch { .. })
     ));
-    store.delete_device("d1", &IfMatch::Etag(u.etag)).unwrap();
+    store
+        .delete_device("d1", &IfMatch::Etag(u.etag), UnixMillis(0))
+        .unwrap();
     assert!(matches!(
         store.get_device("d1"),
         Err(RegistryError::DeviceNotFound(_))
@@ -85,7 +87,9 @@ fn statistics_follow_status() {
     store
         .update_device("b", &IdentitySpec::default(), &IfMatch::Any, common::T0)
         .unwrap();
-    store.delete_device("a", &IfMatch::Any).unwrap();
+    store
+        .delete_device("a", &IfMatch::Any, UnixMillis(0))
+        .unwrap();
     let s = store.registry_statistics().unwrap();
     assert_eq!(
         (
@@ -127,7 +131,9 @@ fn modules_are_limited_and_deleted_with_their_device() {
         store.list_modules("d").unwrap().len(),
         MAX_MODULES_PER_DEVICE
     );
-    store.delete_device("d", &IfMatch::Any).unwrap();
+    store
+        .delete_device("d", &IfMatch::Any, UnixMillis(0))
+        .unwrap();
     store
         .create_device("d", &IdentitySpec::default(), common::T0)
         .unwrap();
@@ -290,7 +296,9 @@ fn twins_die_with_their_identities() {
     store
         .update_twin("d", Some("m"), &write, &IfMatch::Any, common::T0)
         .unwrap();
-    store.delete_module("d", "m", &IfMatch::Any).unwrap();
+    store
+        .delete_module("d", "m", &IfMatch::Any, UnixMillis(0))
+        .unwrap();
     store
         .create_module("d", "m", &IdentitySpec::default(), common::T0)
         .unwrap();
@@ -301,7 +309,9 @@ fn twins_die_with_their_identities() {
         .tags
         .is_empty());
     assert_eq!(store.get_twin("d", None).unwrap().record.tags.len(), 1);
-    store.delete_device("d", &IfMatch::Any).unwrap();
+    store
+        .delete_device("d", &IfMatch::Any, UnixMillis(0))
+        .unwrap();
     store
         .create_device("d", &IdentitySpec::default(), common::T0)
         .unwrap();

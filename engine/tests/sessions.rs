@@ -2,7 +2,7 @@
 
 mod common;
 
-use ferrohub_engine::model::{IdentitySpec, IfMatch};
+use ferrohub_engine::model::{IdentitySpec, IfMatch, UnixMillis};
 use ferrohub_engine::sessions::{SessionRecord, Subscription};
 
 #[test]
@@ -45,8 +45,12 @@ fn sessions_persist_and_die_with_identities() {
             qos: 1
         }
     );
-    store.delete_module("d", "m", &IfMatch::Any).unwrap();
+    store
+        .delete_module("d", "m", &IfMatch::Any, UnixMillis(0))
+        .unwrap();
     assert!(store.load_session("d/m").unwrap().is_none());
-    store.delete_device("d", &IfMatch::Any).unwrap();
+    store
+        .delete_device("d", &IfMatch::Any, UnixMillis(0))
+        .unwrap();
     assert!(store.load_session("d").unwrap().is_none());
 }

@@ -1,14 +1,22 @@
-//! TWN-9 groundwork: every twin change leaves a change record in the same commit, numbered
-//! without gaps, surviving restarts.
+//! TWN-9, EVT-2, EVT-3 groundwork: every twin change, identity creation or deletion and
+//! connection state change leaves a notification in the same commit, numbered without gaps,
+//! surviving restarts.
 
 mod common;
 
 use std::sync::Arc;
 
 use ferrohub_engine::model::{IdentitySpec, IfMatch};
-use ferrohub_engine::twin::changes::TwinOp;
+use ferrohub_engine::notifications::{EventSource, Notification, NotificationOp as TwinOp};
 use ferrohub_engine::twin::store::TwinWrite;
+use ferrohub_engine::UnixMillis;
 use serde_json::{json, Map, Value};
+
+fn twin_changes(all: Vec<Notification>) -> Vec<Notification> {
+    all.into_iter()
+        .filter(|n| n.op.source() == EventSource::TwinChangeEvents)
+        .collect()
+}
 
 fn obj(v: Value) -> Map<String, Value> {
     v.as_object().cloned().unwrap()
@@ -39,10 +47,11 @@ fn each_change_is_recorded_with_its_parts_and_metadata() {
         store
             .replace_twin("d", None, &replace, &IfMatch::Any, common::T0)
             .unwrap();
-        let changes = store.read_twin_changes(0, 10).unwrap();
+        let changes = twin_changes(store.read_notifications(0, 10).unwrap());
         assert_eq!(
             changes.iter().map(|c| c.sequence).collect::<Vec<_>>(),
-            vec![0, 1, 2]
+            vec![1, 2, 3],
+            "0 is the device's creation"
         );
         let ops: Vec<TwinOp> = changes.iter().map(|c| c.op).collect();
         assert_eq!(
@@ -86,8 +95,8 @@ fn each_change_is_recorded_with_its_parts_and_metadata() {
         .patch_reported("d", None, &obj(json!({"after": "restart"})), common::T0)
         .unwrap();
     assert_eq!(
-        store.read_twin_changes(3, 10).unwrap()[0].sequence,
-        3,
+        store.read_notifications(4, 10).unwrap()[0].sequence,
+        4,
         "numbering continues after a restart"
     );
 }
@@ -115,7 +124,9 @@ fn a_refused_change_records_nothing() {
             common::T0
         )
         .is_err());
-    assert!(store.read_twin_changes(0, 10).unwrap().is_empty());
+    let all = store.read_notifications(0, 10).unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].op, TwinOp::CreateDeviceIdentity);
 }
 
 #[test]
@@ -141,9 +152,75 @@ fn concurrent_changes_are_numbered_without_gaps() {
     for t in threads {
         t.join().unwrap();
     }
-    let changes = store.read_twin_changes(0, 1000).unwrap();
+    let all = store.read_notifications(0, 1000).unwrap();
     assert_eq!(
-        changes.iter().map(|c| c.sequence).collect::<Vec<_>>(),
-        (0..200).collect::<Vec<u64>>()
+        all.iter().map(|c| c.sequence).collect::<Vec<_>>(),
+        (0..208).collect::<Vec<u64>>()
+    );
+    assert_eq!(twin_changes(all).len(), 200);
+}
+
+#[test]
+fn lifecycle_and_connection_notifications_carry_the_twin() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open(dir.path());
+    let t = |ms| UnixMillis(ms);
+    store
+        .create_device("d", &IdentitySpec::default(), t(1000))
+        .unwrap();
+    store
+        .create_module("d", "m", &IdentitySpec::default(), t(2000))
+        .unwrap();
+    store
+        .update_twin(
+            "d",
+            Some("m"),
+            &TwinWrite {
+                tags: Some(obj(json!({"site": "x"}))),
+                desired: None,
+            },
+            &IfMatch::Any,
+            t(2500),
+        )
+        .unwrap();
+    store.record_connection("d", None, true, t(3000)).unwrap();
+    store
+        .record_connection("d", Some("m"), false, t(3500))
+        .unwrap();
+    store.delete_device("d", &IfMatch::Any, t(4000)).unwrap();
+    let all = store.read_notifications(0, 100).unwrap();
+    let ops: Vec<_> = all
+        .iter()
+        .map(|n| (n.op, n.module_id.clone(), n.time.0))
+        .collect();
+    assert_eq!(
+        ops,
+        vec![
+            (TwinOp::CreateDeviceIdentity, None, 1000),
+            (TwinOp::CreateDeviceIdentity, Some("m".to_string()), 2000),
+            (TwinOp::UpdateTwin, Some("m".to_string()), 2500),
+            (TwinOp::DeviceConnected, None, 3000),
+            (TwinOp::DeviceDisconnected, Some("m".to_string()), 3500),
+            (TwinOp::DeleteDeviceIdentity, None, 4000),
+            (TwinOp::DeleteDeviceIdentity, Some("m".to_string()), 4000),
+        ]
+    );
+    let created = &all[1].body;
+    assert_eq!(created["deviceId"], "d");
+    assert_eq!(created["moduleId"], "m");
+    assert_eq!(created["version"], 1);
+    assert!(created["etag"].is_string());
+    assert_eq!(created["properties"]["desired"]["$version"], 1);
+    assert_eq!(
+        created["properties"]["reported"]["$metadata"]["$lastUpdated"],
+        "2000"
+    );
+    assert!(created.get("tags").is_none(), "no tags yet");
+    let deleted_module = &all[6].body;
+    assert_eq!(deleted_module["tags"], json!({"site": "x"}));
+    assert_eq!(deleted_module["version"], 2);
+    assert!(
+        all[3].body.is_empty(),
+        "connection events have no body of their own"
     );
 }

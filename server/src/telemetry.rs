@@ -128,6 +128,7 @@ pub fn to_event(
     system.push(("iothub-connection-auth-method".into(), auth.json()));
     system.push(("iothub-message-source".into(), "Telemetry".into()));
     Ok(NewEvent {
+        endpoints: None,
         device_id: identity.device_id.clone(),
         system_properties: system,
         application_properties: application,

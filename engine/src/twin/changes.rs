@@ -1,56 +1,12 @@
-//! Twin change records (TWN-9, EVT-4): every twin change writes, in the same atomic batch as the
-//! twin, a record of what changed, so the change notifications of routing can be produced from
-//! them without loss after a crash.
-//!
-//! # Invariants
-//! - Records are keyed by a hub-wide sequence number, assigned and submitted to the committer
-//!   under one lock, so the committed records are always a gap-free prefix in key order.
-//! - A record's body is the seed 004 shape: the twin `version`, and the changed parts with their
-//!   `$metadata` (`$lastUpdated`, `$lastUpdatedVersion`) and section `$version`; a replacement
-//!   carries the whole twin.
+//! Twin change bodies (TWN-9, EVT-4) for the notification outbox (`crate::notifications`):
+//! the twin `version`, and the changed parts with their `$metadata` (`$lastUpdated`,
+//! `$lastUpdatedVersion`) and section `$version`; a replacement carries the whole twin.
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use ferrohub_migrations::cf;
-
-use super::document::{json_text, Section};
-use crate::error::StorageError;
-use crate::model::UnixMillis;
-use crate::Store;
-
-/// IoT Hub's `opType` of a twin change notification.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TwinOp {
-    UpdateTwin,
-    ReplaceTwin,
-}
-
-impl TwinOp {
-    pub fn name(self) -> &'static str {
-        match self {
-            TwinOp::UpdateTwin => "updateTwin",
-            TwinOp::ReplaceTwin => "replaceTwin",
-        }
-    }
-}
-
-/// One stored change.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TwinChange {
-    pub sequence: u64,
-    pub device_id: String,
-    pub module_id: Option<String>,
-    pub op: TwinOp,
-    pub time: UnixMillis,
-    /// The notification body, with times as Unix milliseconds (the server formats them).
-    #[serde(with = "json_text")]
-    pub body: Map<String, Value>,
-}
-
-pub(crate) fn key(sequence: u64) -> Vec<u8> {
-    sequence.to_be_bytes().to_vec()
-}
+use super::document::Section;
+use super::store::TwinRecord;
+use crate::model::{Identity, UnixMillis};
 
 /// The changed members of a section with their metadata and the section's `$version`.
 pub(crate) fn changed_section(
@@ -81,25 +37,23 @@ pub(crate) fn changed_section(
     Value::Object(out)
 }
 
-impl Store {
-    /// Change records with sequence numbers from `from`, at most `max`, in order.
-    ///
-    /// # Errors
-    /// Storage errors (a corrupt record is reported, not skipped).
-    pub fn read_twin_changes(
-        &self,
-        from: u64,
-        max: usize,
-    ) -> Result<Vec<TwinChange>, StorageError> {
-        let mut out = Vec::new();
-        if max == 0 {
-            return Ok(out);
-        }
-        self.raw
-            .scan_records::<TwinChange>(cf::TWIN_CHANGES, &key(from), None, |_, c| {
-                out.push(c);
-                out.len() < max
-            })?;
-        Ok(out)
+/// The whole twin as lifecycle events carry it (seed 004): ids, etag, version, tags when there
+/// are any, and both property sections with their metadata.
+pub(crate) fn whole_twin(identity: &Identity, record: &TwinRecord) -> Map<String, Value> {
+    let ms = |t: UnixMillis| t.0.to_string();
+    let mut body = Map::new();
+    body.insert("deviceId".into(), Value::from(identity.device_id.clone()));
+    if let Some(m) = &identity.module_id {
+        body.insert("moduleId".into(), Value::from(m.clone()));
     }
+    body.insert("etag".into(), Value::from(record.etag.clone()));
+    body.insert("version".into(), Value::from(record.version));
+    if !record.tags.is_empty() {
+        body.insert("tags".into(), Value::Object(record.tags.clone()));
+    }
+    let mut properties = Map::new();
+    properties.insert("desired".into(), record.desired.to_json(&ms, false));
+    properties.insert("reported".into(), record.reported.to_json(&ms, false));
+    body.insert("properties".into(), Value::Object(properties));
+    body
 }

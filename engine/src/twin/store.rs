@@ -15,12 +15,13 @@ use serde_json::{Map, Value};
 
 use ferrohub_migrations::cf;
 
-use super::changes::{self, TwinChange, TwinOp};
+use super::changes;
 use super::document::{json_text, Section};
 use super::limits::{check_section, check_size, SectionKind};
 use crate::error::{RegistryError, StorageError};
 use crate::keys;
 use crate::model::{next_etag, Identity, IfMatch, UnixMillis};
+use crate::notifications::{NotificationOp as TwinOp, PendingNotification};
 use crate::raw::Batch;
 use crate::Store;
 
@@ -95,7 +96,7 @@ impl Store {
         }
     }
 
-    fn load_twin_record(&self, identity: &Identity) -> Result<TwinRecord, StorageError> {
+    pub(crate) fn load_twin_record(&self, identity: &Identity) -> Result<TwinRecord, StorageError> {
         let key = keys::twin(&identity.device_id, identity.module_id.as_deref());
         Ok(self
             .raw
@@ -145,23 +146,14 @@ impl Store {
         body.insert("version".into(), Value::from(record.version));
         let mut batch = Batch::default();
         batch.put_record(cf::TWINS, keys::twin(device_id, module_id), &record);
-        let ticket = {
-            // IMPORTANT: assign and submit under one lock so change records commit in order.
-            let mut next = self.twin_sequence.lock();
-            let change = TwinChange {
-                sequence: *next,
-                device_id: device_id.to_string(),
-                module_id: module_id.map(str::to_string),
-                op,
-                time: now,
-                body,
-            };
-            batch.put_record(cf::TWIN_CHANGES, changes::key(*next), &change);
-            let ticket = self.raw.submit(batch)?;
-            *next += 1;
-            ticket
+        let note = PendingNotification {
+            device_id: device_id.to_string(),
+            module_id: module_id.map(str::to_string),
+            op,
+            time: now,
+            body,
         };
-        ticket.wait()?;
+        self.commit_with_notifications(batch, vec![note])?;
         Ok(TwinOutcome {
             twin: Twin { identity, record },
             desired_change,

@@ -133,6 +133,11 @@ impl ApiError {
                     }
                     E::TooManyGroups(_) => (StatusCode::FORBIDDEN, "IotHubQuotaExceeded", 403002),
                     E::DefaultGroup => (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004),
+                    E::NoSuchEndpoint(_) => (StatusCode::NOT_FOUND, "EndpointNotFound", 404000),
+                    E::EndpointExists(_) => (StatusCode::CONFLICT, "EndpointAlreadyExists", 409000),
+                    E::NoPartitionSpace(_) => {
+                        (StatusCode::FORBIDDEN, "IotHubQuotaExceeded", 403002)
+                    }
                     E::Invalid(_) => (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004),
                     E::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001),
                 }

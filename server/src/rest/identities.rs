@@ -180,7 +180,7 @@ async fn delete_device_handler(
             let cond = cond.unwrap_or(IfMatch::Any);
             let device_id = id.0.clone();
             ctx.store
-                .run(move |s| s.delete_device(&id.0, &cond))
+                .run(move |s| s.delete_device(&id.0, &cond, now()))
                 .await?;
             ctx.connections.kick_device(&device_id);
             Ok(no_content())
@@ -291,7 +291,7 @@ async fn delete_module_handler(
             let cond = cond.unwrap_or(IfMatch::Any);
             let client_id = format!("{}/{}", id.0, mid.0);
             ctx.store
-                .run(move |s| s.delete_module(&id.0, &mid.0, &cond))
+                .run(move |s| s.delete_module(&id.0, &mid.0, &cond, now()))
                 .await?;
             ctx.connections.kick_client(&client_id);
             Ok(no_content())

@@ -1,0 +1,192 @@
+//! The notification outbox (EVT-2, EVT-3, EVT-4, TWN-9): every state change IoT Hub reports as
+//! a non-telemetry event (twin updates and replacements, identity creation and deletion,
+//! connects and disconnects) writes, in the same atomic batch as the change itself, a record of
+//! it. The router turns records into routed events, so none is lost on a crash.
+//!
+//! # Invariants
+//! - Records are keyed by a hub-wide sequence number, assigned and submitted to the committer
+//!   under one lock, so the committed records are always a gap-free prefix in key order and
+//!   the numbers only grow, also across restarts (the next number comes from the last key).
+//! - A record's body is the seed 004 shape with times as Unix milliseconds in strings (the
+//!   protocol layer formats them): the twin change for `updateTwin`, the whole twin for
+//!   `replaceTwin` and the lifecycle operations, empty for connection state.
+//! - The column family is named `twin_changes` on disk: twin changes were its first records
+//!   (schema v4), the other operations were added without changing the record shape.
+
+use std::sync::OnceLock;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use ferrohub_migrations::cf;
+
+use crate::error::StorageError;
+use crate::model::UnixMillis;
+use crate::raw::Batch;
+use crate::twin::document::json_text;
+use crate::Store;
+
+/// IoT Hub's `opType` of a non-telemetry event. New variants go at the end (stored records
+/// name earlier ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NotificationOp {
+    UpdateTwin,
+    ReplaceTwin,
+    CreateDeviceIdentity,
+    DeleteDeviceIdentity,
+    DeviceConnected,
+    DeviceDisconnected,
+}
+
+/// Where an event comes from: a route's `source`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventSource {
+    DeviceMessages,
+    TwinChangeEvents,
+    DeviceLifecycleEvents,
+    DeviceConnectionStateEvents,
+}
+
+impl EventSource {
+    /// The name routes and the `iothub-message-source` property use.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventSource::DeviceMessages => "DeviceMessages",
+            EventSource::TwinChangeEvents => "TwinChangeEvents",
+            EventSource::DeviceLifecycleEvents => "DeviceLifecycleEvents",
+            EventSource::DeviceConnectionStateEvents => "DeviceConnectionStateEvents",
+        }
+    }
+
+    /// Parses a route source, case-insensitively.
+    pub fn parse(text: &str) -> Option<Self> {
+        [
+            EventSource::DeviceMessages,
+            EventSource::TwinChangeEvents,
+            EventSource::DeviceLifecycleEvents,
+            EventSource::DeviceConnectionStateEvents,
+        ]
+        .into_iter()
+        .find(|s| s.name().eq_ignore_ascii_case(text))
+    }
+}
+
+impl NotificationOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            NotificationOp::UpdateTwin => "updateTwin",
+            NotificationOp::ReplaceTwin => "replaceTwin",
+            NotificationOp::CreateDeviceIdentity => "createDeviceIdentity",
+            NotificationOp::DeleteDeviceIdentity => "deleteDeviceIdentity",
+            NotificationOp::DeviceConnected => "deviceConnected",
+            NotificationOp::DeviceDisconnected => "deviceDisconnected",
+        }
+    }
+
+    pub fn source(self) -> EventSource {
+        match self {
+            NotificationOp::UpdateTwin | NotificationOp::ReplaceTwin => {
+                EventSource::TwinChangeEvents
+            }
+            NotificationOp::CreateDeviceIdentity | NotificationOp::DeleteDeviceIdentity => {
+                EventSource::DeviceLifecycleEvents
+            }
+            NotificationOp::DeviceConnected | NotificationOp::DeviceDisconnected => {
+                EventSource::DeviceConnectionStateEvents
+            }
+        }
+    }
+}
+
+/// One stored notification.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Notification {
+    pub sequence: u64,
+    pub device_id: String,
+    pub module_id: Option<String>,
+    pub op: NotificationOp,
+    pub time: UnixMillis,
+    #[serde(with = "json_text")]
+    pub body: Map<String, Value>,
+}
+
+/// A notification before its sequence number is assigned.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingNotification {
+    pub device_id: String,
+    pub module_id: Option<String>,
+    pub op: NotificationOp,
+    pub time: UnixMillis,
+    pub body: Map<String, Value>,
+}
+
+pub(crate) fn key(sequence: u64) -> Vec<u8> {
+    sequence.to_be_bytes().to_vec()
+}
+
+/// Called after notifications became durable (the router's wake-up).
+pub type NotificationHook = Box<dyn Fn() + Send + Sync>;
+
+impl Store {
+    /// Commits `batch` together with `notes`, numbered in commit order; waits until durable.
+    pub(crate) fn commit_with_notifications(
+        &self,
+        mut batch: Batch,
+        notes: Vec<PendingNotification>,
+    ) -> Result<(), StorageError> {
+        if notes.is_empty() {
+            return self.raw.commit(batch);
+        }
+        let ticket = {
+            // IMPORTANT: assign and submit under one lock so records commit in key order.
+            let mut next = self.twin_sequence.lock();
+            for n in notes {
+                let record = Notification {
+                    sequence: *next,
+                    device_id: n.device_id,
+                    module_id: n.module_id,
+                    op: n.op,
+                    time: n.time,
+                    body: n.body,
+                };
+                batch.put_record(cf::TWIN_CHANGES, key(*next), &record);
+                *next += 1;
+            }
+            self.raw.submit(batch)?
+        };
+        ticket.wait()?;
+        if let Some(hook) = self.notification_hook.get() {
+            hook();
+        }
+        Ok(())
+    }
+
+    /// Installs the function called after notifications become durable (once per store).
+    pub fn set_notification_hook(&self, hook: NotificationHook) {
+        let _ = self.notification_hook.set(hook);
+    }
+
+    /// Notifications with sequence numbers from `from`, at most `max`, in order.
+    ///
+    /// # Errors
+    /// Storage errors (a corrupt record is reported, not skipped).
+    pub fn read_notifications(
+        &self,
+        from: u64,
+        max: usize,
+    ) -> Result<Vec<Notification>, StorageError> {
+        let mut out = Vec::new();
+        if max == 0 {
+            return Ok(out);
+        }
+        self.raw
+            .scan_records::<Notification>(cf::TWIN_CHANGES, &key(from), None, |_, c| {
+                out.push(c);
+                out.len() < max
+            })?;
+        Ok(out)
+    }
+}
+
+/// Slot for the hook in [`Store`].
+pub(crate) type HookCell = OnceLock<NotificationHook>;

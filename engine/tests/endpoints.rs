@@ -1,0 +1,129 @@
+//! EVT-6 at the engine level: custom endpoints as more partitioned streams, events appended to
+//! several endpoints atomically, and the router's cursor over the notification outbox.
+
+mod common;
+
+use ferrohub_engine::d2c::{D2cError, NewEvent, ReadPosition};
+use ferrohub_engine::model::{IdentitySpec, UnixMillis};
+
+fn ev(device: &str, body: &str) -> NewEvent {
+    NewEvent {
+        device_id: device.into(),
+        body: body.as_bytes().to_vec(),
+        ..NewEvent::default()
+    }
+}
+
+#[test]
+fn events_go_to_every_endpoint_named_and_nowhere_when_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open(dir.path());
+    let builtin = store.endpoint_slot("events").unwrap();
+    let hot = store.create_endpoint("hot", 2, UnixMillis(0)).unwrap();
+    assert!(hot.slot.base >= builtin.partitions);
+    assert!(matches!(
+        store.create_endpoint("hot", 2, UnixMillis(0)),
+        Err(D2cError::EndpointExists(_))
+    ));
+    assert!(store.create_endpoint("events", 2, UnixMillis(0)).is_err());
+    assert!(store.create_endpoint("bad name", 2, UnixMillis(0)).is_err());
+    assert!(store.create_endpoint("zero", 0, UnixMillis(0)).is_err());
+
+    let mut both = ev("d1", "both");
+    both.endpoints = Some(vec![builtin, hot.slot]);
+    let mut nowhere = ev("d1", "nowhere");
+    nowhere.endpoints = Some(vec![]);
+    let appended = store
+        .append_events(vec![both, nowhere, ev("d1", "default")], UnixMillis(5))
+        .unwrap();
+    assert_eq!(
+        appended.len(),
+        3,
+        "two copies of the first, none of the second, one default"
+    );
+
+    let bp = builtin.partition_of("d1");
+    let hp = hot.slot.partition_of("d1");
+    let in_builtin: Vec<Vec<u8>> = store
+        .read_events(bp, ReadPosition::Start, 10)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.body)
+        .collect();
+    assert_eq!(in_builtin, vec![b"both".to_vec(), b"default".to_vec()]);
+    let in_hot = store.read_events(hp, ReadPosition::Start, 10).unwrap();
+    assert_eq!(in_hot.len(), 1);
+    assert_eq!(in_hot[0].body, b"both");
+    assert_eq!(
+        in_hot[0].sequence_number, 0,
+        "each endpoint numbers its own partitions"
+    );
+
+    store.delete_endpoint("hot").unwrap();
+    assert!(store.endpoint_slot("hot").is_none());
+    assert!(matches!(
+        store.read_events(hp, ReadPosition::Start, 10),
+        Err(D2cError::NoSuchPartition(_))
+    ));
+    assert!(matches!(
+        store.delete_endpoint("hot"),
+        Err(D2cError::NoSuchEndpoint(_))
+    ));
+}
+
+#[test]
+fn endpoints_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let slot = {
+        let store = common::open(dir.path());
+        let e = store.create_endpoint("cold", 3, UnixMillis(0)).unwrap();
+        let mut x = ev("d", "x");
+        x.endpoints = Some(vec![e.slot]);
+        store.append_events(vec![x], UnixMillis(1)).unwrap();
+        store.close().unwrap();
+        e.slot
+    };
+    let store = common::open(dir.path());
+    assert_eq!(store.endpoint_slot("cold"), Some(slot));
+    assert_eq!(store.list_endpoints().len(), 1);
+    let got = store
+        .read_events(slot.partition_of("d"), ReadPosition::Start, 10)
+        .unwrap();
+    assert_eq!(got[0].body, b"x");
+}
+
+#[test]
+fn routing_notifications_moves_the_cursor_and_numbering_continues_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = common::open(dir.path());
+        for i in 0..3 {
+            store
+                .create_device(&format!("d{i}"), &IdentitySpec::default(), UnixMillis(i))
+                .unwrap();
+        }
+        let notes = store.read_notifications(0, 10).unwrap();
+        assert_eq!(notes.len(), 3);
+        assert_eq!(store.router_cursor().unwrap(), 0);
+        let routed: Vec<NewEvent> = notes.iter().map(|n| ev(&n.device_id, "note")).collect();
+        store
+            .append_routed_notifications(routed, UnixMillis(10), 3)
+            .unwrap();
+        assert_eq!(store.router_cursor().unwrap(), 3);
+        assert!(
+            store.read_notifications(0, 10).unwrap().is_empty(),
+            "routed ones are gone"
+        );
+        store.close().unwrap();
+    }
+    let store = common::open(dir.path());
+    store
+        .create_device("later", &IdentitySpec::default(), UnixMillis(20))
+        .unwrap();
+    let notes = store.read_notifications(0, 10).unwrap();
+    assert_eq!(notes.len(), 1);
+    assert_eq!(
+        notes[0].sequence, 3,
+        "numbering continues past the routed records"
+    );
+}
