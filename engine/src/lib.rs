@@ -12,6 +12,7 @@
 //! - [`d2c`]: device-to-cloud partitions, consumer groups, checkpoints, retention.
 //! - [`sessions`]: persistent MQTT sessions (subscriptions per client id).
 //! - [`notifications`]: the outbox of non-telemetry events (twin, lifecycle, connection).
+//! - [`routing`]: routes, the fallback route and enrichments (stored configuration).
 //! - [`twin`]: twin section rules (limits, merge patches, versions, metadata).
 //! - [`error`]: one error enum per kind of operation, wrapping [`StorageError`].
 //! - Record framing and schema versions live in `ferrohub-migrations`.
@@ -43,6 +44,7 @@ mod keys;
 pub mod model;
 pub mod notifications;
 mod raw;
+pub mod routing;
 pub mod sessions;
 mod stripes;
 pub mod twin;

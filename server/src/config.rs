@@ -198,6 +198,54 @@ impl C2dSection {
     }
 }
 
+/// Routing (EVT-5, EVT-6) declared in the file: applied at start, on top of what the REST API
+/// stored (a route, enrichment or endpoint named here is created or replaced).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingSection {
+    /// The fallback route; left as stored when absent (on for a new hub).
+    pub fallback: Option<bool>,
+    pub endpoints: Vec<EndpointConfig>,
+    pub routes: Vec<RouteConfig>,
+    pub enrichments: Vec<EnrichmentConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    pub name: String,
+    pub partitions: u16,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn true_condition() -> String {
+    "true".into()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub name: String,
+    /// DeviceMessages, TwinChangeEvents, DeviceLifecycleEvents or DeviceConnectionStateEvents.
+    pub source: String,
+    #[serde(default = "true_condition")]
+    pub condition: String,
+    pub endpoints: Vec<String>,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnrichmentConfig {
+    pub key: String,
+    pub value: String,
+    pub endpoints: Vec<String>,
+}
+
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct DevelopmentSection {
@@ -221,6 +269,7 @@ pub struct Config {
     pub storage: StorageSection,
     pub d2c: D2cSection,
     pub c2d: C2dSection,
+    pub routing: RoutingSection,
     pub development: DevelopmentSection,
 }
 

@@ -11,6 +11,7 @@
 //! - [`telemetry`]: device messages into stored events, with anti-spoofing stamps.
 //! - [`x509`]: client certificate checks (thumbprints, registered CAs).
 //! - [`rest`]: the IoT Hub service REST API.
+//! - [`routing`]: routes, conditions, enrichments and non-telemetry events.
 //! - [`auth`]: SAS tokens, scopes and permissions.
 //! - [`hub`]: the async seam to the engine.
 //!
@@ -26,6 +27,7 @@ pub mod hub;
 pub mod mqtt;
 pub mod node;
 pub mod rest;
+pub mod routing;
 pub mod telemetry;
 pub mod tls;
 pub mod transport;

@@ -35,6 +35,8 @@ pub enum NodeError {
     Tls(#[from] TlsError),
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error("routing configuration: {0}")]
+    Routing(#[from] crate::routing::RouteError),
     #[error("cannot listen on {addr}: {reason}")]
     Bind { addr: SocketAddr, reason: String },
     #[error("{0}")]
@@ -129,9 +131,16 @@ pub async fn serve(
     let mqtt_listener = bind(config.listeners.mqtt).await?;
     let (https_addr, mqtt_addr) = (local(&https_listener)?, local(&mqtt_listener)?);
 
-    let next_sequences: Vec<u64> = (0..store.partition_count())
+    let next_sequences: Vec<u64> = (0..ferrohub_engine::d2c::MAX_PARTITIONS)
         .map(|p| store.next_sequence_number(p).unwrap_or(0))
         .collect();
+    crate::routing::table::apply_config(&store, &config.routing)?;
+    let routing = Arc::new(crate::routing::Router::load(&store, &hub.hub_name)?);
+    let notifications_wake = Arc::new(tokio::sync::Notify::new());
+    {
+        let wake = Arc::clone(&notifications_wake);
+        store.set_notification_hook(Box::new(move || wake.notify_one()));
+    }
     let ctx = HubContext {
         store: StoreHandle::new(Arc::clone(&store)),
         settings: Arc::new(hub),
@@ -139,6 +148,7 @@ pub async fn serve(
         d2c: Arc::new(D2cNotify::new(next_sequences)),
         methods: Arc::default(),
         c2d: crate::hub::c2d::C2d::new(config.c2d.queue_settings()),
+        routing,
     };
     let tracker = TaskTracker::new();
     let tasks = vec![
@@ -168,6 +178,11 @@ pub async fn serve(
             Arc::clone(&ctx.c2d),
             ctx.store.clone(),
             Arc::clone(&ctx.connections),
+            shutdown.clone(),
+        )),
+        tokio::spawn(crate::routing::notifications::run(
+            ctx.clone(),
+            notifications_wake,
             shutdown.clone(),
         )),
         tokio::spawn(crate::hub::retention::run(

@@ -25,4 +25,23 @@ pub struct HubContext {
     pub d2c: Arc<D2cNotify>,
     pub methods: Arc<methods::PendingCalls>,
     pub c2d: Arc<c2d::C2d>,
+    pub routing: Arc<crate::routing::Router>,
+}
+
+impl HubContext {
+    /// Routes a device message (EVT-5): the events to append, each carrying its endpoints.
+    /// May read the twin when a condition or enrichment names `$twin` (a point read).
+    pub fn route_telemetry(
+        &self,
+        event: ferrohub_engine::d2c::NewEvent,
+        module_id: Option<&str>,
+    ) -> Vec<ferrohub_engine::d2c::NewEvent> {
+        self.routing.route(
+            self.store.store(),
+            event,
+            module_id,
+            ferrohub_engine::notifications::EventSource::DeviceMessages,
+            crate::routing::notifications::iso7(crate::rest::now().0),
+        )
+    }
 }

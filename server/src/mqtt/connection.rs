@@ -271,9 +271,10 @@ async fn publish_will(
     }
     match telemetry::to_event(&auth.record, auth.method, msg) {
         Ok(event) => {
+            let routed = ctx.route_telemetry(event, auth.who.module_id.as_deref());
             if let Err(e) = ctx
                 .store
-                .append_in_order(vec![event], now(), ctx.d2c.clone())
+                .append_in_order(routed, now(), ctx.d2c.clone())
                 .await
             {
                 tracing::error!(error = %e, "cannot store the will message");
@@ -402,10 +403,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     Ok(e) => e,
                     Err(e) => return Some(End::Violation(e.to_string())),
                 };
-                let appended =
-                    self.ctx
-                        .store
-                        .append_in_order(vec![event], now(), self.ctx.d2c.clone());
+                let routed = self
+                    .ctx
+                    .route_telemetry(event, self.auth.who.module_id.as_deref());
+                let appended = self
+                    .ctx
+                    .store
+                    .append_in_order(routed, now(), self.ctx.d2c.clone());
                 self.pending.push_back(Box::pin(async move {
                     appended.await.map_err(|e| e.to_string())?;
                     Ok(pkid

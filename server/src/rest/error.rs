@@ -39,6 +39,8 @@ pub enum ApiError {
     Hub(#[from] ferrohub_engine::HubError),
     #[error("{0}")]
     C2d(#[from] ferrohub_engine::c2d::C2dError),
+    #[error("{0}")]
+    Routing(#[from] crate::routing::RouteError),
 }
 
 impl Reject for ApiError {}
@@ -105,6 +107,17 @@ impl ApiError {
                 (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004)
             }
             ApiError::Hub(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001),
+            ApiError::Routing(e) => {
+                use crate::routing::RouteError as E;
+                match e {
+                    E::BadCondition { .. } | E::UnknownEndpoint { .. } | E::Invalid(_) => {
+                        (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004)
+                    }
+                    E::NotFound(_) => (StatusCode::NOT_FOUND, "IotHubNotFound", 404000),
+                    E::EndpointInUse { .. } => (StatusCode::CONFLICT, "EndpointInUse", 409000),
+                    E::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001),
+                }
+            }
             ApiError::C2d(e) => {
                 use ferrohub_engine::c2d::C2dError as E;
                 match e {

@@ -5,13 +5,18 @@
 //! - `GET /events/consumergroups`, `PUT|DELETE /events/consumergroups/{group}`
 //! - `GET /events/consumergroups/{group}/partitions/{p}/messages?from=...&max=...&timeout=...`
 //! - `GET|PUT /events/consumergroups/{group}/partitions/{p}/checkpoint`
+//!
+//! Every partition path also exists under `/endpoints/{name}/` for a custom endpoint (EVT-6):
+//! partition ids are the endpoint's own (0-based); consumer groups are hub-wide.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
-use ferrohub_engine::d2c::{Checkpoint, D2cError, D2cEvent, PartitionInfo, ReadPosition};
+use ferrohub_engine::d2c::{
+    Checkpoint, D2cError, D2cEvent, EndpointSlot, PartitionInfo, ReadPosition,
+};
 use ferrohub_engine::UnixMillis;
 use serde::{Deserialize, Serialize};
 use warp::http::StatusCode;
@@ -46,10 +51,11 @@ struct PartitionJson {
     is_empty: bool,
 }
 
-impl From<PartitionInfo> for PartitionJson {
-    fn from(p: PartitionInfo) -> Self {
+impl PartitionJson {
+    /// With the partition id as the endpoint numbers it.
+    fn local(p: PartitionInfo, slot: EndpointSlot) -> Self {
         PartitionJson {
-            partition_id: p.partition.to_string(),
+            partition_id: (p.partition - slot.base).to_string(),
             begin_sequence_number: p.begin_sequence_number,
             last_enqueued_sequence_number: p.last_enqueued_sequence_number,
             last_enqueued_offset: p.last_enqueued_offset.map(|o| o.to_string()),
@@ -151,55 +157,93 @@ fn require_service(p: &Principal) -> Result<(), ApiError> {
     Ok(p.require_hub(Permission::ServiceConnect)?)
 }
 
-fn partition_id(p: &PathId) -> Result<u16, ApiError> {
-    p.0.parse()
-        .map_err(|_| ApiError::Events(D2cError::NoSuchPartition(u16::MAX)))
+/// The global partition of an endpoint's partition id.
+fn partition_id(slot: EndpointSlot, p: &PathId) -> Result<u16, ApiError> {
+    p.0.parse::<u16>()
+        .ok()
+        .filter(|local| *local < slot.partitions)
+        .map(|local| slot.base + local)
+        .ok_or(ApiError::Events(D2cError::NoSuchPartition(u16::MAX)))
+}
+
+/// `/events/...` (the built-in endpoint) or `/endpoints/{name}/...` (a custom one).
+fn endpoint(ctx: Context) -> impl Filter<Extract = (EndpointSlot,), Error = Rejection> + Clone {
+    let builtin = {
+        let ctx = ctx.clone();
+        warp::path("events").and_then(move || {
+            let slot = ctx
+                .store
+                .store()
+                .endpoint_slot(ferrohub_engine::endpoints::BUILTIN_ENDPOINT);
+            async move { slot.ok_or_else(|| warp::reject::not_found()) }
+        })
+    };
+    let custom = warp::path("endpoints")
+        .and(warp::path::param::<PathId>())
+        .and_then(move |name: PathId| {
+            let slot = ctx.store.store().endpoint_slot(&name.0);
+            async move {
+                slot.ok_or_else(|| {
+                    warp::reject::custom(ApiError::Events(D2cError::NoSuchEndpoint(name.0)))
+                })
+            }
+        });
+    builtin.or(custom).unify()
 }
 
 pub fn routes(ctx: Context) -> impl Filter<Extract = (Response,), Error = Rejection> + Clone {
     let auth = authenticated(ctx.clone());
+    let endpoint = endpoint(ctx.clone());
     let with_ctx = warp::any().map(move || ctx.clone());
-    let list_partitions = warp::path!("events" / "partitions")
+    let list_partitions = endpoint
+        .clone()
+        .and(warp::path!("partitions"))
         .and(warp::get())
         .and(with_ctx.clone())
         .and(auth.clone())
-        .and_then(|ctx: Context, p: Principal| async move {
-            reply(
-                async {
-                    require_service(&p)?;
-                    let infos = ctx
-                        .store
-                        .run(|s| {
-                            (0..s.partition_count())
-                                .map(|i| s.partition_info(i))
-                                .collect::<Result<Vec<_>, _>>()
-                        })
-                        .await?;
-                    Ok(json_reply(
-                        &infos
-                            .into_iter()
-                            .map(PartitionJson::from)
-                            .collect::<Vec<_>>(),
-                    ))
-                }
-                .await,
-            )
-        });
-    let get_partition = warp::path!("events" / "partitions" / PathId)
+        .and_then(
+            |slot: EndpointSlot, ctx: Context, p: Principal| async move {
+                reply(
+                    async {
+                        require_service(&p)?;
+                        let infos = ctx
+                            .store
+                            .run(move |s| {
+                                (slot.base..slot.base + slot.partitions)
+                                    .map(|i| s.partition_info(i))
+                                    .collect::<Result<Vec<_>, _>>()
+                            })
+                            .await?;
+                        Ok(json_reply(
+                            &infos
+                                .into_iter()
+                                .map(|i| PartitionJson::local(i, slot))
+                                .collect::<Vec<_>>(),
+                        ))
+                    }
+                    .await,
+                )
+            },
+        );
+    let get_partition = endpoint
+        .clone()
+        .and(warp::path!("partitions" / PathId))
         .and(warp::get())
         .and(with_ctx.clone())
         .and(auth.clone())
-        .and_then(|id: PathId, ctx: Context, p: Principal| async move {
-            reply(
-                async {
-                    require_service(&p)?;
-                    let pid = partition_id(&id)?;
-                    let info = ctx.store.run(move |s| s.partition_info(pid)).await?;
-                    Ok(json_reply(&PartitionJson::from(info)))
-                }
-                .await,
-            )
-        });
+        .and_then(
+            |slot: EndpointSlot, id: PathId, ctx: Context, p: Principal| async move {
+                reply(
+                    async {
+                        require_service(&p)?;
+                        let pid = partition_id(slot, &id)?;
+                        let info = ctx.store.run(move |s| s.partition_info(pid)).await?;
+                        Ok(json_reply(&PartitionJson::local(info, slot)))
+                    }
+                    .await,
+                )
+            },
+        );
     let list_groups = warp::path!("events" / "consumergroups")
         .and(warp::get())
         .and(with_ctx.clone())
@@ -256,71 +300,83 @@ pub fn routes(ctx: Context) -> impl Filter<Extract = (Response,), Error = Reject
                 .await,
             )
         });
-    let read =
-        warp::path!("events" / "consumergroups" / PathId / "partitions" / PathId / "messages")
-            .and(warp::get())
-            .and(warp::query::<ReadQuery>())
-            .and(with_ctx.clone())
-            .and(auth.clone())
-            .and_then(read_handler);
-    let get_checkpoint =
-        warp::path!("events" / "consumergroups" / PathId / "partitions" / PathId / "checkpoint")
-            .and(warp::get())
-            .and(with_ctx.clone())
-            .and(auth.clone())
-            .and_then(
-                |g: PathId, id: PathId, ctx: Context, p: Principal| async move {
-                    reply(
-                        async {
-                            require_service(&p)?;
-                            let pid = partition_id(&id)?;
-                            match ctx.store.run(move |s| s.get_checkpoint(&g.0, pid)).await? {
-                                Some(c) => Ok(json_reply(&CheckpointJson {
-                                    sequence_number: c.sequence_number,
-                                    offset: c.offset.to_string(),
-                                    updated_time_utc: format_time(Some(c.updated)),
-                                })),
-                                None => Err(ApiError::NotFound("no checkpoint stored".into())),
-                            }
+    let read = endpoint
+        .clone()
+        .and(warp::path!(
+            "consumergroups" / PathId / "partitions" / PathId / "messages"
+        ))
+        .and(warp::get())
+        .and(warp::query::<ReadQuery>())
+        .and(with_ctx.clone())
+        .and(auth.clone())
+        .and_then(read_handler);
+    let get_checkpoint = endpoint
+        .clone()
+        .and(warp::path!(
+            "consumergroups" / PathId / "partitions" / PathId / "checkpoint"
+        ))
+        .and(warp::get())
+        .and(with_ctx.clone())
+        .and(auth.clone())
+        .and_then(
+            |slot: EndpointSlot, g: PathId, id: PathId, ctx: Context, p: Principal| async move {
+                reply(
+                    async {
+                        require_service(&p)?;
+                        let pid = partition_id(slot, &id)?;
+                        match ctx.store.run(move |s| s.get_checkpoint(&g.0, pid)).await? {
+                            Some(c) => Ok(json_reply(&CheckpointJson {
+                                sequence_number: c.sequence_number,
+                                offset: c.offset.to_string(),
+                                updated_time_utc: format_time(Some(c.updated)),
+                            })),
+                            None => Err(ApiError::NotFound("no checkpoint stored".into())),
                         }
-                        .await,
-                    )
-                },
-            );
-    let put_checkpoint = warp::path!(
-        "events" / "consumergroups" / PathId / "partitions" / PathId / "checkpoint"
-    )
-    .and(warp::put())
-    .and(with_ctx)
-    .and(auth)
-    .and(json_body::<CheckpointJson>())
-    .and_then(
-        |g: PathId, id: PathId, ctx: Context, p: Principal, body: CheckpointJson| async move {
-            reply(
-                async {
-                    require_service(&p)?;
-                    let pid = partition_id(&id)?;
-                    let offset = body
-                        .offset
-                        .parse()
-                        .map_err(|_| ApiError::argument("offset must be a number"))?;
-                    let cp = Checkpoint {
-                        sequence_number: body.sequence_number,
-                        offset,
-                        updated: now(),
-                    };
-                    ctx.store
-                        .run(move |s| s.set_checkpoint(&g.0, pid, &cp))
-                        .await?;
-                    Ok(
-                        warp::reply::with_status(warp::reply(), StatusCode::NO_CONTENT)
-                            .into_response(),
-                    )
-                }
-                .await,
-            )
-        },
-    );
+                    }
+                    .await,
+                )
+            },
+        );
+    let put_checkpoint = endpoint
+        .and(warp::path!(
+            "consumergroups" / PathId / "partitions" / PathId / "checkpoint"
+        ))
+        .and(warp::put())
+        .and(with_ctx)
+        .and(auth)
+        .and(json_body::<CheckpointJson>())
+        .and_then(
+            |slot: EndpointSlot,
+             g: PathId,
+             id: PathId,
+             ctx: Context,
+             p: Principal,
+             body: CheckpointJson| async move {
+                reply(
+                    async {
+                        require_service(&p)?;
+                        let pid = partition_id(slot, &id)?;
+                        let offset = body
+                            .offset
+                            .parse()
+                            .map_err(|_| ApiError::argument("offset must be a number"))?;
+                        let cp = Checkpoint {
+                            sequence_number: body.sequence_number,
+                            offset,
+                            updated: now(),
+                        };
+                        ctx.store
+                            .run(move |s| s.set_checkpoint(&g.0, pid, &cp))
+                            .await?;
+                        Ok(
+                            warp::reply::with_status(warp::reply(), StatusCode::NO_CONTENT)
+                                .into_response(),
+                        )
+                    }
+                    .await,
+                )
+            },
+        );
     list_partitions
         .or(get_partition)
         .unify()
@@ -342,17 +398,26 @@ fn reply(r: Result<Response, ApiError>) -> Result<Response, Rejection> {
     r.map_err(warp::reject::custom)
 }
 
-fn read_body(pid: u16, events: Vec<D2cEvent>) -> serde_json::Value {
+fn read_body(slot: EndpointSlot, pid: u16, events: Vec<D2cEvent>) -> serde_json::Value {
     let next = events.last().map(|e| e.sequence_number + 1);
+    let local = (pid - slot.base).to_string();
+    let events: Vec<EventJson> = events
+        .into_iter()
+        .map(|e| EventJson {
+            partition_id: local.clone(),
+            ..EventJson::from(e)
+        })
+        .collect();
     serde_json::json!({
-        "partitionId": pid.to_string(),
-        "events": events.into_iter().map(EventJson::from).collect::<Vec<_>>(),
+        "partitionId": local,
+        "events": events,
         "nextSequenceNumber": next,
     })
 }
 
 /// A batch read; with `timeout` (seconds) it waits for events when there are none yet.
 async fn read_handler(
+    slot: EndpointSlot,
     group: PathId,
     id: PathId,
     q: ReadQuery,
@@ -362,7 +427,7 @@ async fn read_handler(
     reply(
         async {
             require_service(&p)?;
-            let pid = partition_id(&id)?;
+            let pid = partition_id(slot, &id)?;
             let max = q.max.unwrap_or(100).clamp(1, MAX_BATCH);
             let wait = Duration::from_secs(q.timeout.unwrap_or(0)).min(MAX_WAIT);
             let g = group.0.clone();
@@ -387,7 +452,7 @@ async fn read_handler(
                     .await?;
                 let done = !events.is_empty() || tokio::time::Instant::now() >= deadline;
                 if done {
-                    return Ok(json_reply(&read_body(pid, events)));
+                    return Ok(json_reply(&read_body(slot, pid, events)));
                 }
                 // Wake on the next durable append to this partition, or give up at the deadline.
                 // A closed channel (the node is stopping) ends the wait: read once more, answer.
@@ -396,7 +461,7 @@ async fn read_handler(
                         .store
                         .run(move |s| s.read_events(pid, position, max))
                         .await?;
-                    return Ok(json_reply(&read_body(pid, events)));
+                    return Ok(json_reply(&read_body(slot, pid, events)));
                 }
             }
         }

@@ -13,6 +13,7 @@ mod events;
 mod identities;
 pub mod identity_json;
 mod methods;
+mod routing;
 mod statistics;
 mod telemetry;
 pub mod twins;
@@ -169,7 +170,9 @@ pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
         .unify()
         .or(methods::routes(ctx.clone()))
         .unify()
-        .or(c2d::routes(ctx))
+        .or(c2d::routes(ctx.clone()))
+        .unify()
+        .or(routing::routes(ctx))
         .unify()
         .recover(error::recover)
         .unify()

@@ -185,7 +185,11 @@ async fn send_handler(
                 telemetry::to_event(&identity, method, m)
                     .map_err(|e| ApiError::TooLarge(e.to_string()))
             })
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
+        let events: Vec<NewEvent> = events
+            .into_iter()
+            .flat_map(|e| ctx.route_telemetry(e, module_id.as_deref()))
+            .collect();
         ctx.store
             .append_in_order(events, now(), ctx.d2c.clone())
             .await?;

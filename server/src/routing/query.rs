@@ -19,14 +19,18 @@
 //! literal    := 'string' | "string" | number | "true" | "false" | "null"
 //! ```
 //!
-//! `$name` is a system property, a bare identifier or `[any-name]` an application property.
+//! `$name` is a system property (known names are matched case-insensitively), a bare
+//! identifier or `[any-name]` an application property; `$body…` walks the JSON body and
+//! `$twin.a.b` asks [`MessageView::twin`] for `["a", "b"]`. Strings take `\'`, `\"`, `\\`,
+//! `\/`, `\n`, `\t`, `\r`, `\b`, `\f` and `\uXXXX` escapes.
+//!
 //! Values are JSON; a missing property, body field or twin path is *undefined*. Comparisons
 //! need two values of the same type (numbers by value, strings by code point, booleans and
 //! nulls only with `=`/`!=`), arithmetic needs numbers, `||` needs strings; anything else,
 //! and division by zero, is undefined. `AND`/`OR`/`NOT` use three-valued logic (`false AND
 //! undefined` is false, `true OR undefined` is true, `NOT undefined` is undefined), and a
-//! message matches only when the condition is exactly `true`. Nesting is capped at
-//! [`MAX_DEPTH`] levels and the text at [`MAX_LEN`] characters.
+//! message matches only when the condition is exactly `true`. Nesting (parentheses, function
+//! calls, `NOT`, unary minus) is capped at 64 levels and the text at 10,000 characters.
 
 use std::borrow::Cow;
 use std::cmp::Ordering;

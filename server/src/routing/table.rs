@@ -1,0 +1,346 @@
+//! The routing table: the stored [`RoutingConfig`] compiled (conditions parsed, endpoint names
+//! resolved to partition slots) and evaluated per event.
+//!
+//! Semantics (IoT Hub's): every enabled route of the event's source whose condition matches
+//! sends the event to its endpoints (each endpoint once); a device message no enabled route
+//! matched goes to the built-in endpoint if the fallback route is on; a non-telemetry event
+//! goes nowhere unless routed. Enrichments add application properties to the copies sent to
+//! the endpoints they name.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ferrohub_engine::d2c::{EndpointSlot, NewEvent};
+use ferrohub_engine::endpoints::BUILTIN_ENDPOINT;
+use ferrohub_engine::notifications::EventSource;
+use ferrohub_engine::routing::RoutingConfig;
+use ferrohub_engine::{StorageError, Store};
+use parking_lot::RwLock;
+use serde_json::Value;
+
+use super::query::{Condition, QueryError};
+use super::view::EventView;
+
+/// Why a routing configuration is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("route {route}: condition {condition:?} is invalid: {error}")]
+    BadCondition {
+        route: String,
+        condition: String,
+        error: QueryError,
+    },
+    #[error("{owner} names endpoint {endpoint}, which does not exist")]
+    UnknownEndpoint { owner: String, endpoint: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("no such {0}")]
+    NotFound(String),
+    #[error("endpoint {endpoint} is used by {owner}")]
+    EndpointInUse { endpoint: String, owner: String },
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+struct CompiledRoute {
+    source: EventSource,
+    condition: Condition,
+    endpoints: Vec<String>,
+    enabled: bool,
+}
+
+enum EnrichValue {
+    Static(String),
+    HubName,
+    Twin(Vec<String>),
+}
+
+struct CompiledEnrichment {
+    key: String,
+    value: EnrichValue,
+    endpoints: Vec<String>,
+}
+
+/// One compiled version of the configuration.
+pub struct Table {
+    routes: Vec<CompiledRoute>,
+    fallback: bool,
+    enrichments: Vec<CompiledEnrichment>,
+    slots: HashMap<String, EndpointSlot>,
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+fn compile_enrichment_value(value: &str) -> Result<EnrichValue, RouteError> {
+    if value.eq_ignore_ascii_case("$iothubname") {
+        return Ok(EnrichValue::HubName);
+    }
+    if let Some(path) = value.strip_prefix("$twin.") {
+        let steps: Vec<String> = path.split('.').map(str::to_string).collect();
+        let ok = matches!(
+            steps.first().map(String::as_str),
+            Some("tags") | Some("properties")
+        ) && steps.iter().all(|s| !s.is_empty());
+        if !ok {
+            return Err(RouteError::Invalid(format!(
+                "enrichment value {value:?}: a twin reference is $twin.tags.<path> or $twin.properties.(desired|reported).<path>"
+            )));
+        }
+        return Ok(EnrichValue::Twin(steps));
+    }
+    if value.starts_with('$') {
+        return Err(RouteError::Invalid(format!(
+            "enrichment value {value:?}: only $iothubname and $twin references are supported"
+        )));
+    }
+    Ok(EnrichValue::Static(value.to_string()))
+}
+
+/// Compiles and checks a configuration against the endpoints that exist now.
+///
+/// # Errors
+/// [`RouteError`] naming the first problem; nothing is compiled.
+pub fn compile(config: &RoutingConfig, store: &Store) -> Result<Table, RouteError> {
+    let mut slots = HashMap::new();
+    let mut resolve = |owner: &str, name: &str| -> Result<(), RouteError> {
+        let slot = store
+            .endpoint_slot(name)
+            .ok_or_else(|| RouteError::UnknownEndpoint {
+                owner: owner.to_string(),
+                endpoint: name.to_string(),
+            })?;
+        slots.insert(name.to_string(), slot);
+        Ok(())
+    };
+    let mut routes = Vec::new();
+    for r in &config.routes {
+        if !valid_name(&r.name) {
+            return Err(RouteError::Invalid(format!(
+                "route name {:?} must be 1 to 64 letters, digits, '-', '_' or '.'",
+                r.name
+            )));
+        }
+        if r.endpoints.is_empty() {
+            return Err(RouteError::Invalid(format!(
+                "route {} names no endpoint",
+                r.name
+            )));
+        }
+        let condition =
+            Condition::parse(&r.condition).map_err(|error| RouteError::BadCondition {
+                route: r.name.clone(),
+                condition: r.condition.clone(),
+                error,
+            })?;
+        for e in &r.endpoints {
+            resolve(&format!("route {}", r.name), e)?;
+        }
+        routes.push(CompiledRoute {
+            source: r.source,
+            condition,
+            endpoints: r.endpoints.clone(),
+            enabled: r.enabled,
+        });
+    }
+    let mut enrichments = Vec::new();
+    for e in &config.enrichments {
+        if e.key.is_empty() || e.key.len() > 64 {
+            return Err(RouteError::Invalid(
+                "an enrichment key must be 1 to 64 characters".into(),
+            ));
+        }
+        for name in &e.endpoints {
+            resolve(&format!("enrichment {}", e.key), name)?;
+        }
+        enrichments.push(CompiledEnrichment {
+            key: e.key.clone(),
+            value: compile_enrichment_value(&e.value)?,
+            endpoints: e.endpoints.clone(),
+        });
+    }
+    resolve("the fallback route", BUILTIN_ENDPOINT)?;
+    Ok(Table {
+        routes,
+        fallback: config.fallback_enabled,
+        enrichments,
+        slots,
+    })
+}
+
+/// The live routing table.
+pub struct Router {
+    table: RwLock<Arc<Table>>,
+    hub_name: String,
+}
+
+impl Router {
+    /// Compiles the stored configuration.
+    ///
+    /// # Errors
+    /// A stored configuration that no longer compiles (an endpoint vanished), or storage.
+    pub fn load(store: &Store, hub_name: &str) -> Result<Router, RouteError> {
+        let table = compile(&store.routing_config()?, store)?;
+        Ok(Router {
+            table: RwLock::new(Arc::new(table)),
+            hub_name: hub_name.to_string(),
+        })
+    }
+
+    /// Replaces the table (after the configuration or the endpoints changed).
+    pub fn install(&self, table: Table) {
+        *self.table.write() = Arc::new(table);
+    }
+
+    pub fn hub_name(&self) -> &str {
+        &self.hub_name
+    }
+
+    /// Decides where `event` goes: one event per distinct set of enrichments, each carrying
+    /// its endpoints. An event routed nowhere comes back with an empty endpoint list.
+    pub fn route(
+        &self,
+        store: &Store,
+        mut event: NewEvent,
+        module_id: Option<&str>,
+        source: EventSource,
+        enqueued: String,
+    ) -> Vec<NewEvent> {
+        let table = Arc::clone(&self.table.read());
+        let view = EventView::new(&event, module_id, enqueued, Some(store));
+        let mut names: Vec<&str> = Vec::new();
+        for r in table
+            .routes
+            .iter()
+            .filter(|r| r.enabled && r.source == source)
+        {
+            if r.condition.matches(&view) {
+                for e in &r.endpoints {
+                    if !names.contains(&e.as_str()) {
+                        names.push(e);
+                    }
+                }
+            }
+        }
+        if names.is_empty() && source == EventSource::DeviceMessages && table.fallback {
+            names.push(BUILTIN_ENDPOINT);
+        }
+        // Enrichment values per endpoint, then endpoints grouped by identical additions.
+        let mut groups: Vec<(Vec<(String, String)>, Vec<EndpointSlot>)> = Vec::new();
+        for name in &names {
+            let added: Vec<(String, String)> = table
+                .enrichments
+                .iter()
+                .filter(|e| e.endpoints.iter().any(|n| n == name))
+                .filter_map(|e| {
+                    let value = match &e.value {
+                        EnrichValue::Static(v) => v.clone(),
+                        EnrichValue::HubName => self.hub_name.clone(),
+                        EnrichValue::Twin(path) => match view.twin_value(path)? {
+                            Value::String(s) => s,
+                            other => other.to_string(),
+                        },
+                    };
+                    Some((e.key.clone(), value))
+                })
+                .collect();
+            let Some(&slot) = table.slots.get(*name) else {
+                continue;
+            };
+            match groups.iter_mut().find(|(a, _)| *a == added) {
+                Some((_, slots)) => slots.push(slot),
+                None => groups.push((added, vec![slot])),
+            }
+        }
+        drop(view);
+        if groups.is_empty() {
+            event.endpoints = Some(Vec::new());
+            return vec![event];
+        }
+        let last = groups.len() - 1;
+        let mut out = Vec::with_capacity(groups.len());
+        for (i, (added, slots)) in groups.into_iter().enumerate() {
+            let mut copy = if i == last {
+                std::mem::take(&mut event)
+            } else {
+                event.clone()
+            };
+            for (k, v) in added {
+                copy.application_properties.retain(|(name, _)| *name != k);
+                copy.application_properties.push((k, v));
+            }
+            copy.endpoints = Some(slots);
+            out.push(copy);
+        }
+        out
+    }
+}
+
+/// Applies the configuration file's `[routing]` section at start: creates its endpoints (an
+/// existing one is kept as it is), then upserts its routes and enrichments by name and sets the
+/// fallback route, refusing the whole section if the result does not compile.
+///
+/// # Errors
+/// [`RouteError`] naming the first problem.
+pub fn apply_config(
+    store: &Store,
+    section: &crate::config::RoutingSection,
+) -> Result<(), RouteError> {
+    use ferrohub_engine::routing::{Enrichment, Route};
+    for e in &section.endpoints {
+        match store.endpoint_slot(&e.name) {
+            Some(slot) if slot.partitions != e.partitions => tracing::warn!(
+                endpoint = %e.name, stored = slot.partitions, configured = e.partitions,
+                "an endpoint's partition count is fixed when it is created; keeping the stored one"
+            ),
+            Some(_) => {}
+            None => {
+                store
+                    .create_endpoint(&e.name, e.partitions, crate::rest::now())
+                    .map_err(|err| RouteError::Invalid(format!("endpoint {}: {err}", e.name)))?;
+            }
+        }
+    }
+    if section.routes.is_empty() && section.enrichments.is_empty() && section.fallback.is_none() {
+        return Ok(());
+    }
+    store.update_routing_config(|cfg| {
+        for r in &section.routes {
+            let source = EventSource::parse(&r.source).ok_or_else(|| {
+                RouteError::Invalid(format!("route {}: unknown source {:?}", r.name, r.source))
+            })?;
+            let route = Route {
+                name: r.name.clone(),
+                source,
+                condition: r.condition.clone(),
+                endpoints: r.endpoints.clone(),
+                enabled: r.enabled,
+            };
+            match cfg.routes.iter_mut().find(|x| x.name == r.name) {
+                Some(existing) => *existing = route,
+                None => cfg.routes.push(route),
+            }
+        }
+        for e in &section.enrichments {
+            let enrichment = Enrichment {
+                key: e.key.clone(),
+                value: e.value.clone(),
+                endpoints: e.endpoints.clone(),
+            };
+            match cfg.enrichments.iter_mut().find(|x| x.key == e.key) {
+                Some(existing) => *existing = enrichment,
+                None => cfg.enrichments.push(enrichment),
+            }
+        }
+        if let Some(f) = section.fallback {
+            cfg.fallback_enabled = f;
+        }
+        compile(cfg, store).map(drop)
+    })?;
+    Ok(())
+}

@@ -1,0 +1,190 @@
+//! What a routing condition sees of an event about to be stored: system properties by their
+//! routing keywords, application properties, the body when it is JSON, and the device's twin
+//! (read lazily, only when a condition or enrichment asks).
+
+use std::cell::OnceCell;
+
+use ferrohub_engine::d2c::NewEvent;
+use ferrohub_engine::Store;
+use serde_json::{Map, Value};
+
+use super::query::MessageView;
+
+/// Routing keywords and the stored system property names they read.
+const SYSTEM: &[(&str, &str)] = &[
+    ("contentType", "content-type"),
+    ("contentEncoding", "content-encoding"),
+    ("messageId", "message-id"),
+    ("correlationId", "correlation-id"),
+    ("userId", "user-id"),
+    ("connectionDeviceId", "iothub-connection-device-id"),
+    ("connectionModuleId", "iothub-connection-module-id"),
+    ("connectionAuthMethod", "iothub-connection-auth-method"),
+    (
+        "connectionDeviceGenerationId",
+        "iothub-connection-auth-generation-id",
+    ),
+    ("messageSource", "iothub-message-source"),
+];
+
+/// A twin as routing reads it: `tags` and `properties.{desired,reported}`.
+pub type TwinDoc = Value;
+
+/// One event seen by conditions and enrichments.
+pub struct EventView<'a> {
+    pub event: &'a NewEvent,
+    pub module_id: Option<&'a str>,
+    /// When the event is being routed (`$enqueuedTime`), ISO 8601.
+    pub enqueued: String,
+    store: Option<&'a Store>,
+    body: OnceCell<Option<Value>>,
+    twin: OnceCell<Option<TwinDoc>>,
+}
+
+impl<'a> EventView<'a> {
+    pub fn new(
+        event: &'a NewEvent,
+        module_id: Option<&'a str>,
+        enqueued: String,
+        store: Option<&'a Store>,
+    ) -> Self {
+        EventView {
+            event,
+            module_id,
+            enqueued,
+            store,
+            body: OnceCell::new(),
+            twin: OnceCell::new(),
+        }
+    }
+
+    fn stored_system(&self, name: &str) -> Option<&str> {
+        self.event
+            .system_properties
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The twin value at `path` (`tags.x`, `properties.reported.y`), if defined.
+    pub fn twin_value(&self, path: &[String]) -> Option<Value> {
+        let twin = self.twin.get_or_init(|| self.load_twin()).as_ref()?;
+        let mut node = twin;
+        for step in path {
+            node = node.as_object()?.get(step)?;
+        }
+        Some(node.clone())
+    }
+
+    /// Reads the twin synchronously: a point read, only for conditions or enrichments that
+    /// name `$twin` (never on the plain routing path).
+    fn load_twin(&self) -> Option<TwinDoc> {
+        let store = self.store?;
+        let twin = store.get_twin(&self.event.device_id, self.module_id).ok()?;
+        let mut properties = Map::new();
+        properties.insert(
+            "desired".into(),
+            Value::Object(twin.record.desired.body.clone()),
+        );
+        properties.insert(
+            "reported".into(),
+            Value::Object(twin.record.reported.body.clone()),
+        );
+        let mut doc = Map::new();
+        doc.insert("tags".into(), Value::Object(twin.record.tags.clone()));
+        doc.insert("properties".into(), Value::Object(properties));
+        Some(Value::Object(doc))
+    }
+}
+
+/// Whether a body with these properties is JSON that conditions may query.
+fn queryable_json(content_type: Option<&str>, content_encoding: Option<&str>) -> bool {
+    let ct = content_type.unwrap_or_default().to_ascii_lowercase();
+    let ce = content_encoding.unwrap_or_default().to_ascii_lowercase();
+    ct.split(';').next().map(str::trim) == Some("application/json")
+        && matches!(ce.as_str(), "utf-8" | "utf-16" | "utf-32")
+}
+
+impl MessageView for EventView<'_> {
+    fn system_property(&self, name: &str) -> Option<Value> {
+        if name == "enqueuedTime" {
+            return Some(Value::String(self.enqueued.clone()));
+        }
+        let stored = SYSTEM
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| *v)
+            .unwrap_or(name);
+        self.stored_system(stored)
+            .map(|v| Value::String(v.to_string()))
+    }
+
+    fn application_property(&self, name: &str) -> Option<Value> {
+        self.event
+            .application_properties
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| Value::String(v.clone()))
+    }
+
+    fn body(&self) -> Option<&Value> {
+        self.body
+            .get_or_init(|| {
+                if !queryable_json(
+                    self.stored_system("content-type"),
+                    self.stored_system("content-encoding"),
+                ) {
+                    return None;
+                }
+                // utf-16/32 bodies would need transcoding; IoT Hub devices send utf-8.
+                serde_json::from_slice(&self.event.body).ok()
+            })
+            .as_ref()
+    }
+
+    fn twin(&self, path: &[String]) -> Option<Value> {
+        self.twin_value(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_json_bodies_in_utf_encodings_are_queryable() {
+        assert!(queryable_json(Some("application/json"), Some("utf-8")));
+        assert!(queryable_json(
+            Some("Application/JSON; charset=utf-8"),
+            Some("UTF-8")
+        ));
+        assert!(!queryable_json(Some("application/json"), None));
+        assert!(!queryable_json(Some("text/plain"), Some("utf-8")));
+    }
+
+    #[test]
+    fn view_maps_keywords_to_stored_names_and_parses_the_body() {
+        let event = NewEvent {
+            device_id: "d".into(),
+            system_properties: vec![
+                ("content-type".into(), "application/json".into()),
+                ("content-encoding".into(), "utf-8".into()),
+                ("iothub-connection-device-id".into(), "d".into()),
+            ],
+            application_properties: vec![("level".into(), "high".into())],
+            body: br#"{"t": 21.5}"#.to_vec(),
+            ..NewEvent::default()
+        };
+        let v = EventView::new(&event, None, "2026-01-01T00:00:00Z".into(), None);
+        assert_eq!(
+            v.system_property("connectionDeviceId"),
+            Some(Value::from("d"))
+        );
+        assert_eq!(v.application_property("level"), Some(Value::from("high")));
+        assert_eq!(
+            v.body().and_then(|b| b.get("t")).cloned(),
+            Some(Value::from(21.5))
+        );
+        assert_eq!(v.twin(&["tags".into()]), None, "no store: no twin");
+    }
+}
