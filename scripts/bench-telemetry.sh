@@ -11,16 +11,7 @@ ensure_build_deps
 ensure_apt mosquitto
 cargo build --release --workspace --all-targets
 
-OUT="${OUT:-./bench-results}"
-mkdir -p "$OUT"
-WORK="$(mktemp -d)"
-cleanup() {
-    kill $(jobs -p) 2>/dev/null || true
-    wait 2>/dev/null || true
-    rm -rf "$WORK" || true
-}
-trap cleanup EXIT
-LOADGEN="$CARGO_TARGET_DIR/release/loadgen"
+bench_setup
 
 # ferrohub on its own ports; its CA and server certificate also serve Mosquitto's TLS listener.
 "$FERROHUB_BIN" serve --data-dir "$WORK/hub" --https-addr 127.0.0.1:18443 --mqtt-addr 127.0.0.1:18883 >"$WORK/hub.out" 2>"$WORK/hub.err" &

@@ -37,3 +37,13 @@ ensure_python_env() {
     fi
     "$FERROHUB_VENV/bin/pip" install -q --disable-pip-version-check -r tests/python/requirements.txt
 }
+
+# For the benchmark scripts: results directory $OUT, a scratch $WORK removed (with every
+# background job killed) on exit, and the load generator's path in $LOADGEN.
+bench_setup() {
+    OUT="${OUT:-./bench-results}"
+    mkdir -p "$OUT"
+    WORK="$(mktemp -d)"
+    trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK" || true' EXIT
+    LOADGEN="$CARGO_TARGET_DIR/release/loadgen"
+}

@@ -162,20 +162,29 @@ class Hub:
         assert r.status_code == 200, r.text
         return r.json()
 
-    def read_partition(self, partition: int, group: str = "$Default", **query) -> list:
-        """Every event of a partition from the start (or the given position)."""
+    def read_partition(self, partition: int, group: str = "$Default", endpoint: str = "events", **query) -> list:
+        """Every event of a partition from the start (or the given position); `endpoint` names
+        a custom endpoint (read under /endpoints/{name}) or the built-in `events`."""
         events = []
         params = {"max": 1000, **query}
         token = self.token("service")
+        prefix = "/events" if endpoint == "events" else f"/endpoints/{urllib.parse.quote(endpoint, safe='')}"
         while True:
             qs = "&".join(f"{k}={urllib.parse.quote(str(v), safe='')}" for k, v in params.items())
-            r = self.request("GET", f"/events/consumergroups/{urllib.parse.quote(group, safe='')}/partitions/{partition}/messages?{qs}", token)
+            r = self.request("GET", f"{prefix}/consumergroups/{urllib.parse.quote(group, safe='')}/partitions/{partition}/messages?{qs}", token)
             assert r.status_code == 200, r.text
             batch = r.json()["events"]
             if not batch:
                 return events
             events.extend(batch)
             params = {"max": 1000, "sequenceNumber": batch[-1]["sequenceNumber"] + 1}
+
+    def read_endpoint(self, endpoint: str) -> list:
+        """Every event of every partition of an endpoint (`events` or a custom one)."""
+        prefix = "/events" if endpoint == "events" else f"/endpoints/{urllib.parse.quote(endpoint, safe='')}"
+        r = self.request("GET", f"{prefix}/partitions", self.token("service"))
+        assert r.status_code == 200, r.text
+        return [e for p in r.json() for e in self.read_partition(int(p["partitionId"]), endpoint=endpoint)]
 
     def all_events(self) -> list:
         return [e for p in self.partitions() for e in self.read_partition(int(p["partitionId"]))]

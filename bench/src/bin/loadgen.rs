@@ -83,6 +83,11 @@ struct Args {
     /// Concurrent back-end callers (methods scenario).
     #[arg(long, default_value_t = 32)]
     callers: usize,
+    /// Telemetry as JSON (`{"temp":..,"seq":..,"pad":".."}` of `--payload-bytes`) with
+    /// content type, encoding and a `level=high` application property in the topic, so routing
+    /// conditions have properties and a body to look at.
+    #[arg(long)]
+    json_body: bool,
     /// Device id prefix (ids are `{prefix}{n}`).
     #[arg(long, default_value = "load-")]
     prefix: String,
@@ -157,8 +162,18 @@ async fn run_device(
     };
     result.connect_us = Some(t0.elapsed().as_micros() as u64);
     start.wait().await;
-    let topic = format!("devices/{id}/messages/events/");
-    let payload = vec![b'x'; args.payload_bytes];
+    let topic = if args.json_body {
+        format!("devices/{id}/messages/events/%24.ct=application%2Fjson&%24.ce=utf-8&level=high")
+    } else {
+        format!("devices/{id}/messages/events/")
+    };
+    let payload = if args.json_body {
+        let head = r#"{"temp":21.5,"seq":1,"pad":""#;
+        let pad = args.payload_bytes.saturating_sub(head.len() + 2);
+        format!("{head}{}\"}}", "x".repeat(pad)).into_bytes()
+    } else {
+        vec![b'x'; args.payload_bytes]
+    };
     let mut sent_at: HashMap<u16, Instant> = HashMap::new();
     let mut next_id: u16 = 1;
     let mut sent = 0;
