@@ -349,5 +349,64 @@ mod tests {
         let sample = include_str!("../../docs/config.sample.toml");
         let c: Config = toml::from_str(sample).unwrap();
         assert_eq!(c.listeners.https.port(), 443);
+        c.validate().unwrap();
+        assert_eq!(
+            c.c2d.queue_settings(),
+            ferrohub_engine::c2d::QueueSettings::default()
+        );
+    }
+
+    #[test]
+    fn c2d_settings_outside_their_ranges_are_refused() {
+        for (text, key) in [
+            ("[c2d]\ndefault_ttl = \"30s\"", "c2d.default_ttl"),
+            ("[c2d]\nfeedback_ttl = \"3days\"", "c2d.feedback_ttl"),
+            ("[c2d]\nmax_delivery_count = 0", "c2d.max_delivery_count"),
+            (
+                "[c2d]\nfeedback_max_delivery_count = 101",
+                "c2d.feedback_max_delivery_count",
+            ),
+            ("[c2d]\nmax_queue_depth = 0", "c2d.max_queue_depth"),
+            ("[c2d]\nlock_timeout = \"500ms\"", "c2d.lock_timeout"),
+        ] {
+            let c: Config = toml::from_str(text).unwrap();
+            match c.validate() {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        let c: Config =
+            toml::from_str("[c2d]\nlock_timeout = \"2s\"\nmax_queue_depth = 100").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.c2d.queue_settings().lock_timeout_ms, 2000);
+        assert_eq!(c.c2d.queue_settings().max_depth, 100);
+    }
+
+    #[test]
+    fn routing_section_parses_with_defaults() {
+        let c: Config = toml::from_str(
+            r#"
+[routing]
+fallback = false
+[[routing.endpoints]]
+name = "hot"
+partitions = 2
+[[routing.routes]]
+name = "r"
+source = "DeviceMessages"
+endpoints = ["hot"]
+[[routing.enrichments]]
+key = "k"
+value = "v"
+endpoints = ["hot"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.routing.fallback, Some(false));
+        assert_eq!(c.routing.routes[0].condition, "true");
+        assert!(c.routing.routes[0].enabled);
+        assert!(
+            toml::from_str::<Config>("[[routing.routes]]\nname = \"r\"\nsorce = \"x\"").is_err()
+        );
     }
 }
