@@ -46,6 +46,8 @@ pub enum D2cError {
     NoSuchEndpoint(String),
     #[error("endpoint {0} already exists")]
     EndpointExists(String),
+    #[error("endpoint {endpoint} is used by {owner}")]
+    EndpointInUse { endpoint: String, owner: String },
     #[error("no room for {0} more partitions (at most {max} in all)", max = MAX_PARTITIONS)]
     NoPartitionSpace(u16),
     #[error(transparent)]

@@ -158,12 +158,33 @@ impl Store {
         Ok(endpoint)
     }
 
-    /// Deletes a custom endpoint and its events.
+    /// Deletes a custom endpoint and its events, unless a route or enrichment names it.
     ///
     /// # Errors
-    /// [`D2cError::NoSuchEndpoint`], storage.
+    /// [`D2cError::NoSuchEndpoint`], [`D2cError::EndpointInUse`], storage.
     pub fn delete_endpoint(&self, name: &str) -> Result<(), D2cError> {
+        // The routing configuration is changed under the same lock, so no route can start
+        // naming the endpoint between this check and the deletion.
         let _guard = self.hub_lock.lock();
+        let routing = self.routing_config()?;
+        let user = routing
+            .routes
+            .iter()
+            .find(|r| r.endpoints.iter().any(|e| e == name))
+            .map(|r| format!("route {}", r.name))
+            .or_else(|| {
+                routing
+                    .enrichments
+                    .iter()
+                    .find(|e| e.endpoints.iter().any(|n| n == name))
+                    .map(|e| format!("enrichment {}", e.key))
+            });
+        if let Some(owner) = user {
+            return Err(D2cError::EndpointInUse {
+                endpoint: name.to_string(),
+                owner,
+            });
+        }
         let mut custom = self.partitions.custom.write();
         let i = custom
             .iter()

@@ -447,7 +447,7 @@ impl<'a> Txn<'a> {
             module_id: identity.module_id.clone(),
             op,
             time: now,
-            body: crate::twin::changes::whole_twin(identity, twin),
+            body: crate::twin::changes::whole_twin(identity, twin, false),
         });
     }
 

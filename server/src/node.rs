@@ -35,7 +35,8 @@ pub enum NodeError {
     Tls(#[from] TlsError),
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("routing configuration: {0}")]
+    /// Displayed with its cause by the `{:#}` chain in `main`.
+    #[error("routing configuration")]
     Routing(#[from] crate::routing::RouteError),
     #[error("cannot listen on {addr}: {reason}")]
     Bind { addr: SocketAddr, reason: String },

@@ -61,33 +61,10 @@ def dev_token(hub, device_id, module_id=None) -> str:
 
 # -- the read API ---------------------------------------------------------------------------------
 
-def endpoint_base(name: str) -> str:
-    return "/events" if name == "events" else f"/endpoints/{urllib.parse.quote(name, safe='')}"
-
-
 def read_endpoint(hub, name: str) -> list:
     """Every event of every partition of an endpoint (`events` or a custom one), partition by
-    partition, each partition in stored order."""
-    base = endpoint_base(name)
-    token = service(hub)
-    r = hub.request("GET", f"{base}/partitions", token)
-    assert r.status_code == 200, r.text
-    events = []
-    for part in r.json():
-        pid = part["partitionId"]
-        params = {"from": "start"}
-        for _ in range(1000):
-            qs = urllib.parse.urlencode({**params, "max": 1000})
-            r = hub.request("GET", f"{base}/consumergroups/%24Default/partitions/{pid}/messages?{qs}", token)
-            assert r.status_code == 200, r.text
-            batch = r.json()["events"]
-            if not batch:
-                break
-            for e in batch:
-                assert e["partitionId"] == pid, (e["partitionId"], pid)
-            events.extend(batch)
-            params = {"sequenceNumber": batch[-1]["sequenceNumber"] + 1}
-    return events
+    partition, each partition in stored order (hubkit reads them)."""
+    return hub.read_endpoint(name)
 
 
 def body(e) -> bytes:
@@ -949,16 +926,16 @@ def test_config_file_routing(tmp_path):
             hub.kill()
 
 
-@pytest.mark.parametrize("section", [
-    '[[routing.routes]]\nname = "r"\nsource = "DeviceMessages"\ncondition = "level = "\nendpoints = ["events"]\n',
-    '[[routing.routes]]\nname = "r"\nsource = "DeviceMessages"\ncondition = "(level = \'x\'"\nendpoints = ["events"]\n',
-    '[[routing.routes]]\nname = "r"\nsource = "DeviceMessages"\ncondition = "true"\nendpoints = ["nowhere"]\n',
-    '[[routing.routes]]\nname = "r"\nsource = "Bogus"\ncondition = "true"\nendpoints = ["events"]\n',
+@pytest.mark.parametrize("section,reason", [
+    ('[[routing.routes]]\nname = "r"\nsource = "DeviceMessages"\ncondition = "level = "\nendpoints = ["events"]\n', r"condition \"level = \" is invalid"),
+    ('[[routing.routes]]\nname = "r"\nsource = "DeviceMessages"\ncondition = "(level = \'x\'"\nendpoints = ["events"]\n', "expected '\\)'"),
+    ('[[routing.routes]]\nname = "r"\nsource = "DeviceMessages"\ncondition = "true"\nendpoints = ["nowhere"]\n', "nowhere"),
+    ('[[routing.routes]]\nname = "r"\nsource = "Bogus"\ncondition = "true"\nendpoints = ["events"]\n', "Bogus"),
 ], ids=["malformed", "unbalanced", "unknown-endpoint", "bad-source"])
-def test_config_file_with_bad_route_refuses_to_start(tmp_path, section):
+def test_config_file_with_bad_route_refuses_to_start(tmp_path, section, reason):
     config = tmp_path / "hub.toml"
     config.write_text("[routing]\n" + section)
     hub = Hub(tmp_path / "hub")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=rf"route r.*{reason}"):
         hub.start(["--config", str(config)])
     assert hub.proc.wait(timeout=30) != 0

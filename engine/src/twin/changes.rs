@@ -39,7 +39,13 @@ pub(crate) fn changed_section(
 
 /// The whole twin as lifecycle events carry it (seed 004): ids, etag, version, tags when there
 /// are any, and both property sections with their metadata.
-pub(crate) fn whole_twin(identity: &Identity, record: &TwinRecord) -> Map<String, Value> {
+/// `desired_versions` adds `$lastUpdatedVersion` to desired metadata (twin change events have
+/// it, lifecycle events do not).
+pub(crate) fn whole_twin(
+    identity: &Identity,
+    record: &TwinRecord,
+    desired_versions: bool,
+) -> Map<String, Value> {
     let ms = |t: UnixMillis| t.0.to_string();
     let mut body = Map::new();
     body.insert("deviceId".into(), Value::from(identity.device_id.clone()));
@@ -52,7 +58,10 @@ pub(crate) fn whole_twin(identity: &Identity, record: &TwinRecord) -> Map<String
         body.insert("tags".into(), Value::Object(record.tags.clone()));
     }
     let mut properties = Map::new();
-    properties.insert("desired".into(), record.desired.to_json(&ms, false));
+    properties.insert(
+        "desired".into(),
+        record.desired.to_json(&ms, desired_versions),
+    );
     properties.insert("reported".into(), record.reported.to_json(&ms, false));
     body.insert("properties".into(), Value::Object(properties));
     body

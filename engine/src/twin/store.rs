@@ -143,6 +143,10 @@ impl Store {
         check_size(SectionKind::Reported, &record.reported.body).map_err(invalid)?;
         record.version += 1;
         record.etag = next_etag(Some(&record.etag));
+        if op == TwinOp::ReplaceTwin {
+            // replaceTwin carries the whole twin with its ids and new etag (seed 004).
+            body = changes::whole_twin(&identity, &record, true);
+        }
         body.insert("version".into(), Value::from(record.version));
         let mut batch = Batch::default();
         batch.put_record(cf::TWINS, keys::twin(device_id, module_id), &record);
@@ -239,13 +243,8 @@ impl Store {
                             changes::changed_section(&r.desired, d, true),
                         );
                     }
-                } else {
-                    // replaceTwin carries the whole twin.
-                    let ms = |t: UnixMillis| t.0.to_string();
-                    body.insert("tags".into(), Value::Object(r.tags.clone()));
-                    properties.insert("desired".into(), r.desired.to_json(&ms, true));
-                    properties.insert("reported".into(), r.reported.to_json(&ms, false));
                 }
+                // replaceTwin's body is built once the new etag and version are known.
                 if !properties.is_empty() {
                     body.insert("properties".into(), Value::Object(properties));
                 }

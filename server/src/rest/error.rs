@@ -114,7 +114,6 @@ impl ApiError {
                         (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004)
                     }
                     E::NotFound(_) => (StatusCode::NOT_FOUND, "IotHubNotFound", 404000),
-                    E::EndpointInUse { .. } => (StatusCode::CONFLICT, "EndpointInUse", 409000),
                     E::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001),
                 }
             }
@@ -146,6 +145,7 @@ impl ApiError {
                     }
                     E::TooManyGroups(_) => (StatusCode::FORBIDDEN, "IotHubQuotaExceeded", 403002),
                     E::DefaultGroup => (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004),
+                    E::EndpointInUse { .. } => (StatusCode::CONFLICT, "EndpointInUse", 409000),
                     E::NoSuchEndpoint(_) => (StatusCode::NOT_FOUND, "EndpointNotFound", 404000),
                     E::EndpointExists(_) => (StatusCode::CONFLICT, "EndpointAlreadyExists", 409000),
                     E::NoPartitionSpace(_) => {

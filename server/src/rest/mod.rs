@@ -154,25 +154,30 @@ pub fn json_reply<T: serde::Serialize>(value: &T) -> warp::reply::Response {
 }
 
 /// Every route of the REST API.
+/// Each module's filter is boxed: one nested type per module would exceed the compiler's
+/// recursion limit.
+/// Each module's filter is boxed: one nested filter type for all of them would exceed the
+/// compiler's recursion limit.
 pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
     ws::routes(ctx.clone())
-        .or(identities::routes(ctx.clone()))
+        .boxed()
+        .or(identities::routes(ctx.clone()).boxed())
         .unify()
-        .or(statistics::routes(ctx.clone()))
+        .or(statistics::routes(ctx.clone()).boxed())
         .unify()
-        .or(telemetry::routes(ctx.clone()))
+        .or(telemetry::routes(ctx.clone()).boxed())
         .unify()
-        .or(events::routes(ctx.clone()))
+        .or(events::routes(ctx.clone()).boxed())
         .unify()
-        .or(certificates::routes(ctx.clone()))
+        .or(certificates::routes(ctx.clone()).boxed())
         .unify()
-        .or(twins::routes(ctx.clone()))
+        .or(twins::routes(ctx.clone()).boxed())
         .unify()
-        .or(methods::routes(ctx.clone()))
+        .or(methods::routes(ctx.clone()).boxed())
         .unify()
-        .or(c2d::routes(ctx.clone()))
+        .or(c2d::routes(ctx.clone()).boxed())
         .unify()
-        .or(routing::routes(ctx))
+        .or(routing::routes(ctx).boxed())
         .unify()
         .recover(error::recover)
         .unify()

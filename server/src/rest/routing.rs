@@ -325,32 +325,7 @@ pub fn routes(ctx: Context) -> impl Filter<Extract = (Response,), Error = Reject
                 async {
                     authorise(&p, true)?;
                     let n = name.0.clone();
-                    // Under the configuration's lock: no route or enrichment may name it.
-                    ctx.store
-                        .run(move |s| {
-                            s.update_routing_config(|cfg| {
-                                let user = cfg
-                                    .routes
-                                    .iter()
-                                    .find(|r| r.endpoints.contains(&n))
-                                    .map(|r| format!("route {}", r.name))
-                                    .or_else(|| {
-                                        cfg.enrichments
-                                            .iter()
-                                            .find(|e| e.endpoints.contains(&n))
-                                            .map(|e| format!("enrichment {}", e.key))
-                                    });
-                                if let Some(owner) = user {
-                                    return Err(ApiError::Routing(RouteError::EndpointInUse {
-                                        endpoint: n.clone(),
-                                        owner,
-                                    }));
-                                }
-                                s.delete_endpoint(&n)?;
-                                Ok(())
-                            })
-                        })
-                        .await?;
+                    ctx.store.run(move |s| s.delete_endpoint(&n)).await?;
                     Ok(no_content())
                 }
                 .await,

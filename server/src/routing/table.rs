@@ -36,8 +36,6 @@ pub enum RouteError {
     Invalid(String),
     #[error("no such {0}")]
     NotFound(String),
-    #[error("endpoint {endpoint} is used by {owner}")]
-    EndpointInUse { endpoint: String, owner: String },
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
