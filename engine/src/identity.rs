@@ -515,9 +515,20 @@ impl Store {
     /// # Errors
     /// [`RegistryError::DeviceNotFound`] or storage errors (corruption included).
     pub fn get_device(&self, device_id: &str) -> Result<Identity, RegistryError> {
-        self.raw
+        let device = self
+            .raw
             .get_record(cf::DEVICES, &keys::device(device_id))?
-            .ok_or_else(|| RegistryError::DeviceNotFound(device_id.to_string()))
+            .ok_or_else(|| RegistryError::DeviceNotFound(device_id.to_string()))?;
+        Ok(self.with_queue_depth(device)?)
+    }
+
+    /// `cloudToDeviceMessageCount` is the device's C2D queue depth now; it is read with the
+    /// identity, never stored in it.
+    fn with_queue_depth(&self, mut device: Identity) -> Result<Identity, StorageError> {
+        if device.module_id.is_none() {
+            device.cloud_to_device_message_count = self.c2d_depth(&device.device_id)?;
+        }
+        Ok(device)
     }
 
     /// Up to `limit` devices in id order.
@@ -531,7 +542,9 @@ impl Store {
                 out.push(d);
                 out.len() < limit
             })?;
-        Ok(out)
+        out.into_iter()
+            .map(|d| self.with_queue_depth(d).map_err(RegistryError::from))
+            .collect()
     }
 
     /// Counts of devices by status, read from the counters kept with every write.

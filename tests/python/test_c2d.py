@@ -117,10 +117,14 @@ def test_purge_empties_the_queue(c2d_hub):
     hub.create_device("d1")
     for _ in range(3):
         send(hub, "d1")
+    assert hub.request("GET", "/devices/d1", hub.token()).json()["cloudToDeviceMessageCount"] == 3
+    listed = hub.request("GET", "/devices", hub.token()).json()
+    assert [d["cloudToDeviceMessageCount"] for d in listed if d["deviceId"] == "d1"] == [3]
     r = hub.request("DELETE", "/devices/d1/commands", hub.token())
     assert r.status_code == 200
     assert r.json() == {"totalMessagesPurged": 3, "deviceId": "d1", "moduleId": None}
     assert receive(hub, "d1").status_code == 204
+    assert hub.request("GET", "/devices/d1", hub.token()).json()["cloudToDeviceMessageCount"] == 0
 
 
 # -- HTTPS device side ----------------------------------------------------------------------------
