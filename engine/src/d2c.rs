@@ -143,8 +143,10 @@ struct ConsumerGroupRecord {
     created: UnixMillis,
 }
 
-/// Partition locks held while a batch is staged and submitted.
+/// Locks held while a batch is staged and submitted: the endpoint list (read), so no endpoint
+/// named by the batch is deleted in between, and the partitions written.
 pub(crate) struct PartitionGuards<'a>(
+    #[allow(dead_code)] parking_lot::RwLockReadGuard<'a, Vec<crate::endpoints::Endpoint>>,
     #[allow(dead_code)] Vec<(u16, parking_lot::MutexGuard<'a, PartitionHead>)>,
 );
 
@@ -264,11 +266,19 @@ impl Store {
         now: UnixMillis,
     ) -> Result<(Batch, Vec<Appended>, PartitionGuards<'_>), D2cError> {
         let builtin = self.partitions().builtin_slot();
+        // A slot routed before its endpoint was deleted names nothing any more: its copy is
+        // dropped rather than written into a partition range a later endpoint may reuse.
+        let endpoints = self.partitions().custom.read();
+        let live = |s: &EndpointSlot| *s == builtin || endpoints.iter().any(|e| e.slot == *s);
         let targets: Vec<Vec<u16>> = events
             .iter()
             .map(|e| match &e.endpoints {
                 None => vec![builtin.partition_of(&e.device_id)],
-                Some(slots) => slots.iter().map(|s| s.partition_of(&e.device_id)).collect(),
+                Some(slots) => slots
+                    .iter()
+                    .filter(|s| live(s))
+                    .map(|s| s.partition_of(&e.device_id))
+                    .collect(),
             })
             .collect();
         let mut wanted: Vec<u16> = targets.iter().flatten().copied().collect();
@@ -323,7 +333,7 @@ impl Store {
         for (p, head) in &guards {
             batch.put_record(cf::D2C_STATE, keys::d2c::head(*p), &**head);
         }
-        Ok((batch, out, PartitionGuards(guards)))
+        Ok((batch, out, PartitionGuards(endpoints, guards)))
     }
 
     /// Appends events durably, as one atomic batch: all are stored or none. Each goes to its

@@ -69,6 +69,20 @@ fn events_go_to_every_endpoint_named_and_nowhere_when_none() {
         store.delete_endpoint("hot"),
         Err(D2cError::NoSuchEndpoint(_))
     ));
+
+    // A copy routed to the deleted endpoint's slot is dropped, not written where a later
+    // endpoint would find it.
+    let mut stale = ev("d1", "stale");
+    stale.endpoints = Some(vec![hot.slot, builtin]);
+    let appended = store.append_events(vec![stale], UnixMillis(6)).unwrap();
+    assert_eq!(appended.len(), 1);
+    assert_eq!(appended[0].partition, bp);
+    let reused = store.create_endpoint("reused", 2, UnixMillis(7)).unwrap();
+    assert_eq!(reused.slot, hot.slot, "the freed range is reused");
+    assert!(store
+        .read_events(reused.slot.partition_of("d1"), ReadPosition::Start, 10)
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
