@@ -159,6 +159,10 @@ pub const MAX_PARTITIONS: u16 = 256;
 pub struct EndpointSlot {
     pub base: u16,
     pub partitions: u16,
+    /// Random per created endpoint (0 for the built-in one): a slot of a deleted endpoint never
+    /// equals that of a later endpoint given the same partition range.
+    #[serde(default)]
+    pub id: u64,
 }
 
 impl EndpointSlot {
@@ -205,6 +209,7 @@ impl Partitions {
         EndpointSlot {
             base: 0,
             partitions: self.builtin,
+            id: 0,
         }
     }
 

@@ -148,7 +148,11 @@ impl Store {
         let base = allocate(&custom, partitions).ok_or(D2cError::NoPartitionSpace(partitions))?;
         let endpoint = Endpoint {
             name: name.to_string(),
-            slot: EndpointSlot { base, partitions },
+            slot: EndpointSlot {
+                base,
+                partitions,
+                id: rand::random::<u64>() | 1,
+            },
             created: now,
         };
         let mut batch = crate::raw::Batch::default();
@@ -245,7 +249,11 @@ mod tests {
     fn ep(base: u16, partitions: u16) -> Endpoint {
         Endpoint {
             name: format!("e{base}"),
-            slot: EndpointSlot { base, partitions },
+            slot: EndpointSlot {
+                base,
+                partitions,
+                id: 1,
+            },
             created: UnixMillis(0),
         }
     }

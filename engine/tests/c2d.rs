@@ -202,6 +202,7 @@ fn lock_expiry_after_last_delivery_is_dead_too() {
     let r = store.expire_c2d_locks(t(5000), &s, 100).unwrap();
     assert_eq!(r.dead, 1);
     assert!(r.requeued_devices.is_empty());
+    assert_eq!(r.dead_devices, vec!["d".to_string()]);
     let fb = store.receive_feedback(t(5001), &s).unwrap().unwrap();
     assert_eq!(fb.records[0].status, FeedbackStatus::DeliveryCountExceeded);
 }

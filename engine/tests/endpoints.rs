@@ -78,7 +78,15 @@ fn events_go_to_every_endpoint_named_and_nowhere_when_none() {
     assert_eq!(appended.len(), 1);
     assert_eq!(appended[0].partition, bp);
     let reused = store.create_endpoint("reused", 2, UnixMillis(7)).unwrap();
-    assert_eq!(reused.slot, hot.slot, "the freed range is reused");
+    assert_eq!(
+        (reused.slot.base, reused.slot.partitions),
+        (hot.slot.base, hot.slot.partitions),
+        "the freed range is reused"
+    );
+    assert_ne!(reused.slot, hot.slot, "but the slot is another endpoint's");
+    let mut late = ev("d1", "late");
+    late.endpoints = Some(vec![hot.slot]);
+    store.append_events(vec![late], UnixMillis(8)).unwrap();
     assert!(store
         .read_events(reused.slot.partition_of("d1"), ReadPosition::Start, 10)
         .unwrap()

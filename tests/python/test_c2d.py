@@ -217,6 +217,47 @@ def test_ttl_expiry_is_dead_with_feedback_1_and_ack_decides_feedback(c2d_hub):
     assert [(r["OriginalMessageId"], r["StatusCode"]) for r in records] == [("neg", 1)]
 
 
+def test_expiry_before_1970_is_dead_at_once(c2d_hub):
+    hub = c2d_hub
+    hub.create_device("d1")
+    assert send(hub, "d1", iothub_messageid="old", iothub_ack="negative",
+                iothub_expiry="1969-01-01T00:00:00Z").status_code == 204
+    assert receive(hub, "d1").status_code == 204
+    assert [(r["OriginalMessageId"], r["StatusCode"]) for r in feedback(hub)] == [("old", 1)]
+    assert hub.request("GET", "/devices/d1", hub.token()).json()["cloudToDeviceMessageCount"] == 0
+
+
+def test_mqtt_window_refills_when_in_flight_messages_die(tmp_path):
+    """16 messages fill a connection's window and die by TTL while locked; the ones queued
+    behind them are delivered at once, not after the 10 s lock timeout."""
+    config = tmp_path / "hub.toml"
+    config.write_text('[c2d]\nlock_timeout = "10s"\n')
+    hub = Hub(tmp_path / "hub").start(["--config", str(config)])
+    try:
+        hub.create_device("d1")
+        for i in range(16):
+            send(hub, "d1", f"short{i}".encode(), iothub_expiry=iso_in(1.5))
+        for i in range(4):
+            send(hub, "d1", f"long{i}".encode())
+        c = explicit(hub, "d1")
+        c.subscribe([("devices/d1/messages/devicebound/#", 1)])
+        for _ in range(16):
+            _, pkid, payload = read_publish(c)
+            assert payload.startswith(b"short")
+            puback(c, pkid)  # receipt only: they stay locked and then expire
+        started = time.time()
+        got = []
+        for _ in range(4):
+            _, pkid, payload = read_publish(c, timeout=8)
+            got.append(payload)
+            puback(c, pkid)
+        assert got == [f"long{i}".encode() for i in range(4)]
+        assert time.time() - started < 6, "delivered after the TTL kill, not after the lock timeout"
+        c.disconnect()
+    finally:
+        hub.kill()
+
+
 def test_feedback_format_batching_and_abandon(c2d_hub):
     hub = c2d_hub
     generation = hub.create_device("d1")["generationId"]

@@ -201,9 +201,14 @@ impl Store {
                 max: settings.max_depth,
             });
         }
-        let expiry = message
-            .expiry
-            .unwrap_or(UnixMillis(now.0.saturating_add(settings.default_ttl_ms)));
+        // Deadlines are keyed as unsigned: an expiry before 1970 is simply already past.
+        let expiry = UnixMillis(
+            message
+                .expiry
+                .unwrap_or(UnixMillis(now.0.saturating_add(settings.default_ttl_ms)))
+                .0
+                .max(0),
+        );
         let sequence = head.next_sequence;
         let queued = Queued {
             sequence,

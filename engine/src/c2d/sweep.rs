@@ -41,6 +41,8 @@ impl TimerKind {
 pub struct SweepReport {
     /// Devices with messages deliverable again (to wake their connections).
     pub requeued_devices: Vec<String>,
+    /// Devices whose messages died here (their connections have room to fetch more).
+    pub dead_devices: Vec<String>,
     /// Messages (and feedback records) that died or were dropped.
     pub dead: usize,
     /// The limit was reached; sweep again at once.
@@ -183,6 +185,7 @@ impl Store {
         let _guards = self.stripes.lock_many(ids.iter().map(String::as_str));
         let mut heads: HashMap<Vec<u8>, Head> = HashMap::new();
         let mut requeued = BTreeSet::new();
+        let mut died = BTreeSet::new();
         let mut batch = Batch::default();
         for d in &due {
             batch.delete(cf::C2D_TIMERS, d.key.clone());
@@ -211,12 +214,16 @@ impl Store {
                         Settled::Requeued => {
                             requeued.insert(device_id.to_string());
                         }
-                        _ => report.dead += 1,
+                        _ => {
+                            report.dead += 1;
+                            died.insert(device_id.to_string());
+                        }
                     }
                 }
                 TimerKind::Expiry if q.expiry.0 == d.deadline => {
                     change.kill(&q, FeedbackStatus::Expired);
                     report.dead += 1;
+                    died.insert(device_id.to_string());
                 }
                 _ => {}
             }
@@ -226,6 +233,7 @@ impl Store {
         }
         self.raw.commit(batch)?;
         report.requeued_devices = requeued.into_iter().collect();
+        report.dead_devices = died.into_iter().collect();
         Ok(())
     }
 

@@ -6,8 +6,9 @@
 //! - Each deadline task sleeps until the earliest stored deadline of its kind, or until a new
 //!   deadline earlier than the one it planned for is created ([`C2d::scheduled`]). Nothing
 //!   polls queues.
-//! - After a sweep returns messages to their queues, the devices' connections are woken, so a
-//!   requeued message is delivered again without waiting for a new send.
+//! - After a sweep returns messages to their queues or kills them, the devices' connections are
+//!   woken, so a requeued message is delivered again, and the messages behind a dead one are
+//!   fetched, without waiting for a new send.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -37,7 +38,8 @@ impl Default for Alarm {
     fn default() -> Self {
         Alarm {
             notify: Notify::new(),
-            planned: AtomicI64::new(i64::MIN),
+            // Until the task has looked, every new deadline wakes it.
+            planned: AtomicI64::new(i64::MAX),
         }
     }
 }
@@ -107,7 +109,8 @@ pub async fn run_sweeper(
                         "c2d sweep"
                     );
                 }
-                for device in &report.requeued_devices {
+                // Requeued messages are deliverable again; dead ones freed window room.
+                for device in report.requeued_devices.iter().chain(&report.dead_devices) {
                     connections.wake_c2d(device);
                 }
                 report.more
@@ -121,8 +124,9 @@ pub async fn run_sweeper(
             continue;
         }
         // While the next deadline is being read, any new deadline must wake us: it may have
-        // been committed after the read saw the index.
-        alarm.planned.store(i64::MIN, Ordering::Release);
+        // been committed after the read saw the index. (`scheduled` wakes when the new
+        // deadline is earlier than `planned`; every deadline is earlier than MAX.)
+        alarm.planned.store(i64::MAX, Ordering::Release);
         let next = store
             .run(move |s| s.next_c2d_deadline(kind, &settings))
             .await

@@ -11,7 +11,9 @@
 //!
 //! # Invariants
 //! - At most [`WINDOW`] messages are locked for this connection at a time; a lock that has
-//!   expired no longer counts (the lock sweeper has returned the message to the queue).
+//!   expired, or a message past its expiry, no longer counts (the sweepers have returned the
+//!   message to the queue or killed it), and a full window is looked at again when its first
+//!   place frees.
 //! - One fetch from the queue runs at a time; a wake-up while it runs is remembered (`want`).
 //! - When the connection ends, its unsettled locks are abandoned so a reconnecting device gets
 //!   the messages at once rather than after the lock timeout; the abandon counts a delivery.
@@ -58,6 +60,7 @@ impl SettleMode {
 struct InFlight {
     pkid: Option<u16>,
     lock_token: String,
+    /// When the message stops holding a place in the window (lock or message expiry).
     lock_until: Instant,
 }
 
@@ -152,7 +155,7 @@ impl Delivery {
                 self.inflight.push(InFlight {
                     pkid,
                     lock_token: d.lock_token.clone(),
-                    lock_until: Instant::now() + lock_for,
+                    lock_until: held_until(&d, lock_for),
                 });
             } else {
                 // QoS 0 in standard mode: delivered means completed.
@@ -223,8 +226,37 @@ impl Delivery {
         });
     }
 
-    /// Abandons every unsettled, unexpired lock (the connection is ending).
-    pub fn abandon_all(&mut self, ctx: &HubContext) {
+    /// When the window is full: the earliest local lock expiry, when the connection must look
+    /// at its queue again (the lock sweeper wakes it only for messages it returns to the queue,
+    /// not for ones that died meanwhile).
+    pub fn window_reopens(&self) -> Option<Instant> {
+        if self.inflight.len() < WINDOW {
+            return None;
+        }
+        self.inflight.iter().map(|f| f.lock_until).min()
+    }
+
+    /// The connection is ending: a fetch still running has locked messages nobody will get,
+    /// so wait for it, then abandon every unsettled, unexpired lock.
+    pub async fn close(&mut self, ctx: &HubContext) {
+        if let Some(fetch) = self.fetch.take() {
+            if let Ok(got) = fetch.await {
+                let lock_for =
+                    Duration::from_millis(ctx.c2d.settings.lock_timeout_ms.max(0) as u64);
+                for d in got {
+                    self.inflight.push(InFlight {
+                        pkid: None,
+                        lock_until: held_until(&d, lock_for),
+                        lock_token: d.lock_token,
+                    });
+                }
+            }
+        }
+        self.abandon_all(ctx);
+    }
+
+    /// Abandons every unsettled, unexpired lock.
+    fn abandon_all(&mut self, ctx: &HubContext) {
         let now_instant = Instant::now();
         for f in self.inflight.drain(..) {
             if f.lock_until > now_instant {
@@ -235,6 +267,13 @@ impl Delivery {
             }
         }
     }
+}
+
+/// Until when a delivered message occupies the window: its lock, or its expiry if sooner (an
+/// expired message dies, locked or not).
+fn held_until(d: &Delivered, lock_for: Duration) -> Instant {
+    let to_expiry = Duration::from_millis((d.expiry.0 - now().0).max(0) as u64);
+    Instant::now() + lock_for.min(to_expiry)
 }
 
 /// Settles one message and wakes the device's connection (its window opened, or the message

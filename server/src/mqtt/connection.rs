@@ -216,7 +216,7 @@ where
         )
         .await;
     tracing::info!(%client_id, reason = ?end, "connection ended");
-    conn.c2d.abandon_all(&ctx);
+    conn.c2d.close(&ctx).await;
     if !matches!(end, End::Disconnect | End::Shutdown) {
         if let Some((topic, payload, retain)) = will {
             publish_will(&ctx, &auth, &topic, payload, retain).await;
@@ -305,6 +305,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
             if c2d_qos.is_some() {
                 self.c2d.maybe_fetch(&self.ctx);
             }
+            let reopen = self.c2d.window_reopens();
             tokio::select! {
                 biased;
                 _ = registration.kicked.cancelled() => return End::Kicked,
@@ -318,6 +319,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     }
                 }
                 _ = self.c2d_wake.notified() => self.c2d.want = true,
+                _ = tokio::time::sleep_until(reopen.unwrap_or_else(Instant::now)), if reopen.is_some() => {
+                    self.c2d.want = true;
+                }
                 fetched = async { self.c2d.fetch.as_mut().expect("checked").await }, if self.c2d.fetch.is_some() => {
                     self.c2d.fetch = None;
                     let fetched = match fetched {

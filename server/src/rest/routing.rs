@@ -101,21 +101,24 @@ async fn change(
     ctx: &Context,
     edit: impl FnOnce(&mut RoutingConfig) -> Result<(), RouteError> + Send + 'static,
 ) -> Result<RoutingConfig, ApiError> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
+    let router = std::sync::Arc::clone(&ctx.routing);
     let config = ctx
         .store
         .run(move |s| {
-            s.update_routing_config(|cfg| {
+            // Store and install under one lock: the live table is always the stored one's.
+            let _order = router.lock_changes();
+            let mut compiled = None;
+            let config = s.update_routing_config(|cfg| {
                 edit(cfg)?;
-                let table = compile(cfg, s)?;
-                let _ = tx.send(table);
+                compiled = Some(compile(cfg, s)?);
                 Ok::<_, RouteError>(())
-            })
+            })?;
+            if let Some(table) = compiled {
+                router.install(table);
+            }
+            Ok::<_, RouteError>(config)
         })
         .await?;
-    if let Ok(table) = rx.await {
-        ctx.routing.install(table);
-    }
     Ok(config)
 }
 

@@ -175,6 +175,9 @@ pub fn compile(config: &RoutingConfig, store: &Store) -> Result<Table, RouteErro
 pub struct Router {
     table: RwLock<Arc<Table>>,
     hub_name: String,
+    /// Held across "store a configuration, install its table", so tables are installed in the
+    /// order their configurations were stored.
+    changes: parking_lot::Mutex<()>,
 }
 
 impl Router {
@@ -187,10 +190,17 @@ impl Router {
         Ok(Router {
             table: RwLock::new(Arc::new(table)),
             hub_name: hub_name.to_string(),
+            changes: parking_lot::Mutex::new(()),
         })
     }
 
-    /// Replaces the table (after the configuration or the endpoints changed).
+    /// Serialises configuration changes; see [`Router::install`].
+    pub fn lock_changes(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.changes.lock()
+    }
+
+    /// Replaces the table. Callers hold [`Router::lock_changes`] from storing the
+    /// configuration to installing its table.
     pub fn install(&self, table: Table) {
         *self.table.write() = Arc::new(table);
     }
