@@ -56,7 +56,7 @@ use parking_lot::Mutex;
 pub use error::{HubError, OpenError, RegistryError, StorageError, ValidationError};
 pub use ferrohub_migrations::LATEST_VERSION as SCHEMA_VERSION;
 pub use model::UnixMillis;
-pub use raw::{CommitStats, Durability};
+pub use raw::{CommitHold, CommitStats, Durability};
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy)]
@@ -64,6 +64,9 @@ pub struct StoreConfig {
     pub durability: Durability,
     /// D2C partitions of a new hub; an existing hub keeps the count it was created with.
     pub d2c_partitions: u16,
+    /// Batches that may wait for the committer before `submit` blocks; see
+    /// [`Store::commit_queue_depth`].
+    pub commit_queue_depth: usize,
 }
 
 /// IoT Hub's default partition count.
@@ -74,6 +77,7 @@ impl Default for StoreConfig {
         StoreConfig {
             durability: Durability::default(),
             d2c_partitions: DEFAULT_D2C_PARTITIONS,
+            commit_queue_depth: raw::DEFAULT_QUEUE_DEPTH,
         }
     }
 }
@@ -104,6 +108,7 @@ pub struct Store {
     feedback_sequence: std::sync::atomic::AtomicU64,
     /// Serialises changes of the feedback queue.
     feedback_lock: Mutex<()>,
+    commit_queue_depth: usize,
 }
 
 fn next_feedback_sequence(raw: &raw::Raw, version: u32) -> Result<u64, StorageError> {
@@ -134,7 +139,7 @@ impl Store {
         config: StoreConfig,
         version: u32,
     ) -> Result<Store, OpenError> {
-        let raw = raw::Raw::open(path, config.durability, version)?;
+        let raw = raw::Raw::open(path, config.durability, config.commit_queue_depth, version)?;
         let partitions = if version >= 3 {
             let count = match raw.get_record::<u16>(
                 ferrohub_migrations::cf::D2C_STATE,
@@ -168,6 +173,7 @@ impl Store {
             feedback_sequence,
             feedback_lock: Mutex::new(()),
             notification_hook: Default::default(),
+            commit_queue_depth: config.commit_queue_depth,
         })
     }
 
@@ -195,7 +201,21 @@ impl Store {
             feedback_sequence,
             feedback_lock: Mutex::new(()),
             notification_hook: Default::default(),
+            commit_queue_depth: 0,
         })
+    }
+
+    /// How many batches may wait for the committer before a submit blocks its thread. Async
+    /// callers admit at most this many writes at once, so they wait without blocking one.
+    pub fn commit_queue_depth(&self) -> usize {
+        self.commit_queue_depth
+    }
+
+    /// Holds every write until the guard is dropped: writers queue, then block, as when the
+    /// disk stalls. For tests of back-pressure; `None` on a read-only store.
+    #[doc(hidden)]
+    pub fn hold_commits(&self) -> Option<CommitHold> {
+        self.raw.hold_commits()
     }
 
     /// How many commits and how many RocksDB writes (syncs) there have been.

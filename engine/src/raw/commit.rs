@@ -8,6 +8,8 @@
 //!   therefore atomic too.
 //! - After a failed write the committer is poisoned: every later commit fails with
 //!   [`StorageError::Poisoned`] until the process restarts and RocksDB recovers from its WAL.
+//! - While a [`CommitHold`] lives, nothing is written: queued batches wait, and a full queue
+//!   makes `submit` block. Tests use it to show what the layers above do when the disk stalls.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -23,7 +25,9 @@ use crate::error::StorageError;
 /// Most batches folded into one write. Bounds the latency of the first waiter in a group.
 const MAX_GROUP: usize = 1024;
 /// Waiting batches beyond this make `commit` block: backpressure instead of unbounded memory.
-const QUEUE_DEPTH: usize = 8192;
+/// Async callers take an admission permit first (see the server's store handle), so they wait
+/// without blocking a thread; this bound is the last line.
+pub const DEFAULT_QUEUE_DEPTH: usize = 8192;
 
 /// Counters that show group commit at work: `commits / writes` is the mean group size.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -74,6 +78,35 @@ struct Shared {
     commits: AtomicU64,
     writes: AtomicU64,
     poisoned: AtomicBool,
+    /// Live [`CommitHold`]s; the thread writes only while this is 0.
+    holds: std::sync::Mutex<usize>,
+    released: std::sync::Condvar,
+}
+
+impl Shared {
+    fn wait_while_held(&self) {
+        let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+        while *holds > 0 {
+            holds = self
+                .released
+                .wait(holds)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// Holds every write until dropped (see the module's invariants).
+#[must_use = "writes resume when the hold is dropped"]
+pub struct CommitHold {
+    shared: Arc<Shared>,
+}
+
+impl Drop for CommitHold {
+    fn drop(&mut self) {
+        let mut holds = self.shared.holds.lock().unwrap_or_else(|p| p.into_inner());
+        *holds -= 1;
+        self.shared.released.notify_all();
+    }
 }
 
 pub(crate) struct Committer {
@@ -83,8 +116,8 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
-    pub(crate) fn start(db: Arc<DB>, durability: Durability) -> Committer {
-        let (tx, rx) = sync_channel(QUEUE_DEPTH);
+    pub(crate) fn start(db: Arc<DB>, durability: Durability, queue_depth: usize) -> Committer {
+        let (tx, rx) = sync_channel(queue_depth.max(1));
         let shared = Arc::new(Shared::default());
         let worker_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -143,6 +176,14 @@ impl Committer {
         }
     }
 
+    /// Holds every write until the returned guard is dropped.
+    pub(crate) fn hold(&self) -> CommitHold {
+        *self.shared.holds.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        CommitHold {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
     /// Stops accepting commits, lets the thread finish what is queued, and joins it.
     pub(crate) fn shutdown(&self) {
         self.tx.lock().take();
@@ -162,6 +203,7 @@ fn run(db: Arc<DB>, durability: Durability, rx: Receiver<Pending>, shared: Arc<S
     let mut wo = WriteOptions::default();
     wo.set_sync(durability == Durability::Synced);
     while let Ok(first) = rx.recv() {
+        shared.wait_while_held();
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match rx.try_recv() {

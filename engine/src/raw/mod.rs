@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 
 pub use commit::CommitCallback;
 pub use commit::CommitStats;
+pub use commit::{CommitHold, DEFAULT_QUEUE_DEPTH};
 use commit::Committer;
 pub(crate) use commit::Ticket;
 
@@ -149,6 +150,7 @@ impl Raw {
     pub(crate) fn open(
         path: &Path,
         durability: Durability,
+        commit_queue_depth: usize,
         target_version: u32,
     ) -> Result<Raw, OpenError> {
         std::fs::create_dir_all(path).map_err(|e| OpenError::Directory {
@@ -172,7 +174,7 @@ impl Raw {
             tracing::info!(version = v, name, "applying storage migration");
         })?;
         let db = Arc::new(db);
-        let committer = Committer::start(Arc::clone(&db), durability);
+        let committer = Committer::start(Arc::clone(&db), durability, commit_queue_depth);
         Ok(Raw {
             db,
             committer: Some(committer),
@@ -305,6 +307,11 @@ impl Raw {
         }
         it.status().map_err(backend)?;
         Ok(None)
+    }
+
+    /// See [`commit::CommitHold`]. A read-only store has nothing to hold.
+    pub(crate) fn hold_commits(&self) -> Option<CommitHold> {
+        self.committer.as_ref().map(Committer::hold)
     }
 
     pub(crate) fn commit_stats(&self) -> CommitStats {
