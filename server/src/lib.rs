@@ -1,19 +1,30 @@
 //! ferrohub protocol layer: a thin shell of transports and protocols around the engine.
 //!
+//! # Layers (each uses only the ones below it)
+//! 1. [`node`] (and the binary): wires everything, owns start and shutdown.
+//! 2. [`transport`]: sockets, TLS, HTTP, WebSocket; hands byte streams or requests to a protocol.
+//! 3. Protocol adapters, [`mqtt`] and [`rest`]: wire formats in, hub calls, wire formats out.
+//! 4. [`hub`]: shared state (connections, outbound queues, method calls, C2D deadlines), the
+//!    authenticator, the event router task, and the one seam to the engine.
+//! 5. Pure building blocks: [`routing`], [`auth`], [`telemetry`], [`c2d_message`], [`x509`],
+//!    [`clock`], [`ids`], [`config`], [`tls`].
+//! 6. The engine (`ferrohub_engine`), reached only through [`hub::StoreHandle`].
+//!
 //! # Layout
 //! - [`node`]: data-directory initialisation, serving, shutdown.
 //! - [`config`]: the TOML configuration and its defaults.
 //! - [`tls`]: the hub's CA and server certificate, rustls configuration.
-//! - [`https`]: the HTTPS listener (TLS accept, hyper, warp routes).
-//! - [`transport`]: the shared accept loop, MQTT over TLS, WebSocket as a byte stream.
+//! - [`clock`]: the hub's wall clock (pausable in tests) and IoT Hub's time formats.
+//! - [`ids`]: device, module, client and lock-token ids as types.
+//! - [`transport`]: the accept loop, TLS, HTTPS (hyper + warp), MQTT over TLS and WebSocket.
 //! - [`mqtt`]: the MQTT device endpoint (framing, topics, property bags, sessions).
 //! - [`c2d_message`]: C2D messages on the wire (ack names, times, device properties).
 //! - [`telemetry`]: device messages into stored events, with anti-spoofing stamps.
 //! - [`x509`]: client certificate checks (thumbprints, registered CAs).
 //! - [`rest`]: the IoT Hub service REST API.
-//! - [`routing`]: routes, conditions, enrichments and non-telemetry events.
+//! - [`routing`]: routes, conditions, enrichments and event shapes (pure).
 //! - [`auth`]: SAS tokens, scopes and permissions.
-//! - [`hub`]: the async seam to the engine.
+//! - [`hub`]: shared hub state, the authenticator and the async seam to the engine.
 //!
 //! # What it is not
 //! This crate never touches RocksDB: all state goes through `ferrohub_engine::Store`, reached
@@ -21,9 +32,10 @@
 
 pub mod auth;
 pub mod c2d_message;
+pub mod clock;
 pub mod config;
-pub mod https;
 pub mod hub;
+pub mod ids;
 pub mod mqtt;
 pub mod node;
 pub mod rest;

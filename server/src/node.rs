@@ -10,17 +10,20 @@ use std::time::Duration;
 
 use ferrohub_engine::c2d::TimerKind;
 use ferrohub_engine::hub::HubSettings;
-use ferrohub_engine::{Durability, HubError, OpenError, Store, StoreConfig, UnixMillis};
+use ferrohub_engine::{Durability, HubError, OpenError, Store, StoreConfig};
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::clock::Clock;
 use crate::config::{Config, ConfigError, DurabilitySetting};
-use crate::hub::{Connections, D2cNotify, HubContext, StoreHandle};
+use crate::hub::{self, Authenticator, Connections, D2cNotify, HubContext, StoreHandle};
 use crate::tls::{self, TlsError, TlsPaths};
-use crate::transport::mqtt_tls;
-use crate::{https, rest};
+use crate::transport::{https, mqtt_tls};
+use crate::rest;
+use warp::Filter;
 
 /// How long shutdown waits for open connections before closing the store anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
@@ -57,23 +60,16 @@ pub fn policy_connection_string(hub: &HubSettings, policy: &str) -> Option<Strin
     ))
 }
 
-/// Opens the store and makes sure the hub and its TLS material exist. Returns the store, the
-/// settings, and whether this call initialised the hub.
-pub fn initialise(
-    data_dir: &Path,
+/// The stored hub settings, initialising the hub (policies with new keys) on first start.
+/// Returns the settings and whether this call initialised the hub.
+///
+/// # Errors
+/// [`NodeError::Hub`] when the settings cannot be read or written.
+pub fn initialise_settings(
+    store: &Store,
     config: &Config,
-) -> Result<(Arc<Store>, HubSettings, bool), NodeError> {
-    let durability = match config.storage.durability {
-        DurabilitySetting::Synced => Durability::Synced,
-        DurabilitySetting::Relaxed => Durability::Relaxed,
-    };
-    let store = Store::open(
-        &db_path(data_dir),
-        StoreConfig {
-            durability,
-            d2c_partitions: config.d2c.partitions,
-        },
-    )?;
+    clock: &Clock,
+) -> Result<(HubSettings, bool), NodeError> {
     let existing = store.hub_settings()?;
     let first_start = existing.is_none();
     let hub = match existing {
@@ -88,11 +84,114 @@ pub fn initialise(
             hub_name: config.hub.name.clone(),
             host_name: config.hub.host_name.clone(),
             policies: HubSettings::default_policies(),
-            created: UnixMillis(chrono::Utc::now().timestamp_millis()),
+            created: clock.now(),
         })?,
     };
+    Ok((hub, first_start))
+}
+
+/// Opens the store and makes sure the hub and its TLS material exist. Returns the store, the
+/// settings, and whether this call initialised the hub. Blocking: call it before serving or
+/// on the blocking pool.
+pub fn initialise(
+    data_dir: &Path,
+    config: &Config,
+    clock: &Clock,
+) -> Result<(Arc<Store>, HubSettings, bool), NodeError> {
+    let durability = match config.storage.durability {
+        DurabilitySetting::Synced => Durability::Synced,
+        DurabilitySetting::Relaxed => Durability::Relaxed,
+    };
+    let store = Store::open(
+        &db_path(data_dir),
+        StoreConfig {
+            durability,
+            d2c_partitions: config.d2c.partitions,
+            ..StoreConfig::default()
+        },
+    )?;
+    let (hub, first_start) = initialise_settings(&store, config, clock)?;
     tls::ensure_material(&TlsPaths::new(data_dir), &hub.hub_name, &hub.host_name)?;
     Ok((Arc::new(store), hub, first_start))
+}
+
+/// The hub without its listeners: the shared context, and the background tasks (C2D
+/// deadlines, the event router, retention) that run until the shutdown token is cancelled.
+pub struct Services {
+    pub ctx: HubContext,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Services {
+    /// Applies the configuration's routing section, loads the routing table, and starts the
+    /// background tasks.
+    ///
+    /// # Errors
+    /// [`NodeError::Routing`] when the routing configuration does not compile.
+    pub async fn start(
+        store: Arc<Store>,
+        settings: HubSettings,
+        config: &Config,
+        clock: Clock,
+        shutdown: &CancellationToken,
+    ) -> Result<Services, NodeError> {
+        let handle = StoreHandle::new(Arc::clone(&store));
+        let notifications_wake = Arc::new(tokio::sync::Notify::new());
+        let (routing, next_sequences) = {
+            let (section, hub_name, now) = (config.routing.clone(), settings.hub_name.clone(), clock.now());
+            let wake = Arc::clone(&notifications_wake);
+            handle
+                .run(move |s| {
+                    hub::routes::apply_config(s, &section, now)?;
+                    let router = hub::routes::load_router(s, &hub_name)?;
+                    s.set_notification_hook(Box::new(move || wake.notify_one()));
+                    let next: Vec<u64> = (0..ferrohub_engine::d2c::MAX_PARTITIONS)
+                        .map(|p| s.next_sequence_number(p).unwrap_or(0))
+                        .collect();
+                    Ok::<_, crate::routing::RouteError>((router, next))
+                })
+                .await?
+        };
+        let settings = Arc::new(settings);
+        let ctx = HubContext {
+            auth: Authenticator::new(handle.clone(), Arc::clone(&settings), clock.clone()),
+            store: handle,
+            settings,
+            clock,
+            connections: Connections::new(),
+            d2c: Arc::new(D2cNotify::new(next_sequences)),
+            methods: Arc::default(),
+            c2d: hub::c2d::C2d::new(config.c2d.queue_settings()),
+            routing: Arc::new(routing),
+        };
+        let mut tasks = Vec::new();
+        for kind in [TimerKind::Lock, TimerKind::Expiry] {
+            tasks.push(tokio::spawn(hub::c2d_sweeper::run(
+                kind,
+                ctx.clone(),
+                shutdown.clone(),
+            )));
+        }
+        tasks.push(tokio::spawn(hub::event_router::run(
+            ctx.clone(),
+            notifications_wake,
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(hub::retention::run(
+            ctx.clone(),
+            config.d2c.retention,
+            config.d2c.retention_check_interval,
+            shutdown.clone(),
+        )));
+        Ok(Services { ctx, tasks })
+    }
+
+    /// Waits for the background tasks to end (after shutdown was cancelled).
+    pub async fn join(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {
@@ -113,7 +212,13 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), NodeError> {
     config.validate()?;
-    let (store, hub, first_start) = initialise(data_dir, &config)?;
+    let clock = Clock::system();
+    let (store, hub, first_start) = {
+        let (dir, config, clock) = (data_dir.to_path_buf(), config.clone(), clock.clone());
+        tokio::task::spawn_blocking(move || initialise(&dir, &config, &clock))
+            .await
+            .map_err(|e| NodeError::Other(e.to_string()))??
+    };
     if first_start {
         println!(
             "Initialised hub {:?} in {}",
@@ -131,32 +236,18 @@ pub async fn serve(
     let https_listener = bind(config.listeners.https).await?;
     let mqtt_listener = bind(config.listeners.mqtt).await?;
     let (https_addr, mqtt_addr) = (local(&https_listener)?, local(&mqtt_listener)?);
-
-    let next_sequences: Vec<u64> = (0..ferrohub_engine::d2c::MAX_PARTITIONS)
-        .map(|p| store.next_sequence_number(p).unwrap_or(0))
-        .collect();
-    crate::routing::table::apply_config(&store, &config.routing)?;
-    let routing = Arc::new(crate::routing::Router::load(&store, &hub.hub_name)?);
-    let notifications_wake = Arc::new(tokio::sync::Notify::new());
-    {
-        let wake = Arc::clone(&notifications_wake);
-        store.set_notification_hook(Box::new(move || wake.notify_one()));
-    }
-    let ctx = HubContext {
-        store: StoreHandle::new(Arc::clone(&store)),
-        settings: Arc::new(hub),
-        connections: Connections::new(),
-        d2c: Arc::new(D2cNotify::new(next_sequences)),
-        methods: Arc::default(),
-        c2d: crate::hub::c2d::C2d::new(config.c2d.queue_settings()),
-        routing,
-    };
+    let services = Services::start(store, hub, &config, clock, &shutdown).await?;
+    let ctx = services.ctx.clone();
     let tracker = TaskTracker::new();
-    let tasks = vec![
+    let listeners = vec![
         tokio::spawn(https::serve(
             https_listener,
             TlsAcceptor::from(tls::server_config(&paths)?),
-            rest::routes(ctx.clone()),
+            // WebSocket upgrades first: the REST table answers every other path.
+            crate::transport::ws::routes(ctx.clone())
+                .or(rest::routes(ctx.clone()))
+                .unify()
+                .boxed(),
             shutdown.clone(),
             tracker.clone(),
         )),
@@ -167,31 +258,6 @@ pub async fn serve(
             shutdown.clone(),
             tracker.clone(),
         )),
-        tokio::spawn(crate::hub::c2d::run_sweeper(
-            TimerKind::Lock,
-            Arc::clone(&ctx.c2d),
-            ctx.store.clone(),
-            Arc::clone(&ctx.connections),
-            shutdown.clone(),
-        )),
-        tokio::spawn(crate::hub::c2d::run_sweeper(
-            TimerKind::Expiry,
-            Arc::clone(&ctx.c2d),
-            ctx.store.clone(),
-            Arc::clone(&ctx.connections),
-            shutdown.clone(),
-        )),
-        tokio::spawn(crate::routing::notifications::run(
-            ctx.clone(),
-            notifications_wake,
-            shutdown.clone(),
-        )),
-        tokio::spawn(crate::hub::retention::run(
-            ctx.store.clone(),
-            config.d2c.retention,
-            config.d2c.retention_check_interval,
-            shutdown.clone(),
-        )),
     ];
     // Tests and scripts read these lines to learn the bound addresses; https comes last.
     println!("listening mqtt={mqtt_addr}");
@@ -199,9 +265,10 @@ pub async fn serve(
     tracing::info!(%https_addr, %mqtt_addr, "listening");
     shutdown.cancelled().await;
     tracing::info!("shutting down: no new connections; draining");
-    for t in tasks {
+    for t in listeners {
         let _ = t.await;
     }
+    services.join().await;
     tracker.close();
     if tokio::time::timeout(DRAIN_TIMEOUT, tracker.wait())
         .await
@@ -209,10 +276,9 @@ pub async fn serve(
     {
         tracing::warn!("connections still open after the drain timeout; closing anyway");
     }
-    let closing = Arc::clone(&store);
-    tokio::task::spawn_blocking(move || closing.close())
+    ctx.store
+        .close()
         .await
-        .map_err(|e| NodeError::Other(e.to_string()))?
         .map_err(|e| NodeError::Other(e.to_string()))?;
     tracing::info!("store closed");
     Ok(())

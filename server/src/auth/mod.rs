@@ -66,6 +66,10 @@ pub enum AuthError {
     Forbidden(&'static str),
     #[error("a token scoped to one device cannot call a hub-wide endpoint")]
     DeviceScoped,
+    #[error("token resource {resource:?} is not {identity}")]
+    OtherIdentity { resource: String, identity: String },
+    #[error("{0}")]
+    Certificate(String),
 }
 
 /// Parses the scope out of a decoded `sr`, checking the host against ours.

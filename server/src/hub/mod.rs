@@ -1,47 +1,37 @@
-//! Shared hub state the protocol layers use: the store seam, who is connected, the wake-ups
-//! for D2C readers, and C2D deadlines.
+//! The hub: state shared by every protocol adapter, between them and the engine.
+//!
+//! # Layout
+//! - [`store_handle`] and [`append_lane`]: the one async seam to the engine.
+//! - [`authenticator`]: credentials in, a principal (or a typed refusal) out.
+//! - [`connections`]: who is connected, and the outbound queues to them.
+//! - [`methods`]: direct method calls in flight.
+//! - [`context`]: [`HubContext`], what every protocol handler gets.
+//! - [`c2d`] and [`c2d_sweeper`]: C2D settings and alarms, and the two deadline tasks.
+//! - [`d2c_notify`]: wake-ups of D2C readers.
+//! - [`routes`] and [`event_router`]: the routing table's storage side, and the task that
+//!   routes non-telemetry events.
+//! - [`retention`]: the D2C retention pass.
+//!
+//! # Invariants
+//! - Protocol adapters (`mqtt`, `rest`) use the hub and never the engine directly; the hub
+//!   never knows which protocol a request came in on.
 
+pub mod append_lane;
+pub mod authenticator;
 pub mod c2d;
+pub mod c2d_sweeper;
 pub mod connections;
+pub mod context;
 pub mod d2c_notify;
+pub mod event_router;
 pub mod methods;
 pub mod retention;
+pub mod routes;
 pub mod store_handle;
 
-use std::sync::Arc;
-
-use ferrohub_engine::hub::HubSettings;
-
+pub use append_lane::AppendLane;
+pub use authenticator::{AuthFailure, Authenticator, DeviceAuth};
 pub use connections::Connections;
+pub use context::HubContext;
 pub use d2c_notify::D2cNotify;
 pub use store_handle::StoreHandle;
-
-/// Everything a protocol handler may use, cheap to clone.
-#[derive(Clone)]
-pub struct HubContext {
-    pub store: StoreHandle,
-    pub settings: Arc<HubSettings>,
-    pub connections: Arc<Connections>,
-    pub d2c: Arc<D2cNotify>,
-    pub methods: Arc<methods::PendingCalls>,
-    pub c2d: Arc<c2d::C2d>,
-    pub routing: Arc<crate::routing::Router>,
-}
-
-impl HubContext {
-    /// Routes a device message (EVT-5): the events to append, each carrying its endpoints.
-    /// May read the twin when a condition or enrichment names `$twin` (a point read).
-    pub fn route_telemetry(
-        &self,
-        event: ferrohub_engine::d2c::NewEvent,
-        module_id: Option<&str>,
-    ) -> Vec<ferrohub_engine::d2c::NewEvent> {
-        self.routing.route(
-            self.store.store(),
-            event,
-            module_id,
-            ferrohub_engine::notifications::EventSource::DeviceMessages,
-            crate::routing::notifications::iso7(crate::rest::now().0),
-        )
-    }
-}

@@ -6,18 +6,17 @@ use std::time::Duration;
 use ferrohub_engine::UnixMillis;
 use tokio_util::sync::CancellationToken;
 
-use super::StoreHandle;
+use super::context::HubContext;
 
 pub async fn run(
-    store: StoreHandle,
+    ctx: HubContext,
     retention: Duration,
     interval: Duration,
     shutdown: CancellationToken,
 ) {
     loop {
-        let cutoff =
-            UnixMillis(chrono::Utc::now().timestamp_millis() - retention.as_millis() as i64);
-        match store.run(move |s| s.trim_events_before(cutoff)).await {
+        let cutoff = UnixMillis(ctx.clock.now().0 - retention.as_millis() as i64);
+        match ctx.store.run(move |s| s.trim_events_before(cutoff)).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(removed = n, "retention pass removed expired events"),
             Err(e) => tracing::error!(error = %e, "retention pass failed"),

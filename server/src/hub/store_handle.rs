@@ -1,25 +1,38 @@
-//! The one async seam to the synchronous engine.
+//! The one async seam to the synchronous engine: every protocol adapter and hub task reaches
+//! the [`Store`] through a [`StoreHandle`], and nothing else holds the store.
 //!
-//! Engine calls block while their write is synced (group commit), so they run on tokio's
-//! blocking pool, never on a runtime worker. Many waiting callers is exactly what lets the
-//! committer fold their writes into one sync.
+//! # Invariants
+//! - No engine call runs on a runtime worker thread: [`StoreHandle::run`] moves a call to
+//!   tokio's blocking pool, and device messages go through an [`AppendLane`], which routes and
+//!   stages them there too.
+//! - Writes that do not wait for their own durability (lane appends) are admitted first: an
+//!   async permit, one per staged batch, returned when its write completed. At most the engine's
+//!   commit queue depth is admitted, so a stalled disk suspends the writing tasks at admission
+//!   instead of parking a worker thread in the engine's blocking submit.
+//! - Calls through `run` may block their blocking-pool thread while a write is synced; many
+//!   such waiters are exactly what lets the committer fold their writes into one sync.
 
 use std::sync::Arc;
 
-use ferrohub_engine::d2c::{Appended, D2cError, NewEvent};
-use ferrohub_engine::{StorageError, Store, UnixMillis};
-use tokio::sync::oneshot;
+use ferrohub_engine::{CommitHold, StorageError, Store};
+use tokio::sync::Semaphore;
 
-use super::D2cNotify;
+use super::append_lane::AppendLane;
+use super::d2c_notify::D2cNotify;
 
 #[derive(Clone)]
 pub struct StoreHandle {
     store: Arc<Store>,
+    admission: Arc<Semaphore>,
 }
 
 impl StoreHandle {
     pub fn new(store: Arc<Store>) -> Self {
-        StoreHandle { store }
+        let permits = store.commit_queue_depth().max(1);
+        StoreHandle {
+            store,
+            admission: Arc::new(Semaphore::new(permits)),
+        }
     }
 
     /// Runs `f` against the store on the blocking pool.
@@ -43,34 +56,27 @@ impl StoreHandle {
         }
     }
 
-    /// Queues telemetry in order now and resolves when it is durable (then wakes readers).
-    /// Call it from the connection's own task, in the order messages arrived: the order of
-    /// calls is the order in the partition.
-    pub fn append_in_order(
-        &self,
-        events: Vec<NewEvent>,
-        now: UnixMillis,
-        notify: Arc<D2cNotify>,
-    ) -> impl std::future::Future<Output = Result<Vec<Appended>, D2cError>> {
-        let (tx, rx) = oneshot::channel();
-        let queued = self.store.append_events_then(events, now, move |result| {
-            if let Ok(appended) = &result {
-                for a in appended {
-                    notify.appended(a.partition, a.sequence_number);
-                }
-            }
-            let _ = tx.send(result);
-        });
-        async move {
-            queued?;
-            match rx.await {
-                Ok(r) => Ok(r?),
-                Err(_) => Err(D2cError::Storage(StorageError::Closed)),
-            }
-        }
+    /// A new ordered lane for one connection's (or one request's) device messages; readers
+    /// of the partitions they land in are woken through `readers`.
+    pub fn lane(&self, readers: Arc<D2cNotify>) -> AppendLane {
+        AppendLane::new(
+            Arc::clone(&self.store),
+            Arc::clone(&self.admission),
+            readers,
+        )
     }
 
-    pub fn store(&self) -> &Arc<Store> {
-        &self.store
+    /// Holds every write until the guard is dropped (see `ferrohub_engine::Store::hold_commits`).
+    #[doc(hidden)]
+    pub fn hold_commits(&self) -> Option<CommitHold> {
+        self.store.hold_commits()
+    }
+
+    /// Finishes queued writes, syncs and flushes, on the blocking pool.
+    ///
+    /// # Errors
+    /// [`StorageError`] when the final flush fails.
+    pub async fn close(&self) -> Result<(), StorageError> {
+        self.run(|s| s.close()).await
     }
 }

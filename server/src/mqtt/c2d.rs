@@ -28,8 +28,9 @@ use tokio::time::Instant;
 
 use super::property_bag;
 use crate::c2d_message;
+use crate::clock::Clock;
+use crate::ids::DeviceId;
 use crate::hub::HubContext;
-use crate::rest::now;
 
 /// Messages locked for one connection at a time.
 pub const WINDOW: usize = 16;
@@ -69,7 +70,7 @@ type Fetch = Pin<Box<dyn Future<Output = Result<Vec<Delivered>, String>> + Send>
 /// Delivery state of one connection.
 pub struct Delivery {
     pub mode: SettleMode,
-    device_id: String,
+    device_id: DeviceId,
     inflight: Vec<InFlight>,
     pub fetch: Option<Fetch>,
     /// The queue may have deliverable messages this connection has not fetched.
@@ -87,7 +88,7 @@ pub struct Outgoing {
 }
 
 impl Delivery {
-    pub fn new(mode: SettleMode, device_id: String) -> Self {
+    pub fn new(mode: SettleMode, device_id: DeviceId) -> Self {
         Delivery {
             mode,
             device_id,
@@ -113,8 +114,8 @@ impl Delivery {
         self.want = false;
         self.requested = room;
         let (store, c2d, id) = (ctx.store.clone(), ctx.c2d.clone(), self.device_id.clone());
+        let at = ctx.clock.now();
         self.fetch = Some(Box::pin(async move {
-            let at = now();
             let settings = c2d.settings;
             let got = store
                 .run(move |s| s.receive_c2d(&id, room, at, &settings))
@@ -155,7 +156,7 @@ impl Delivery {
                 self.inflight.push(InFlight {
                     pkid,
                     lock_token: d.lock_token.clone(),
-                    lock_until: held_until(&d, lock_for),
+                    lock_until: held_until(&d, lock_for, &ctx.clock),
                 });
             } else {
                 // QoS 0 in standard mode: delivered means completed.
@@ -210,7 +211,7 @@ impl Delivery {
                 Ok(_) => Ok(()),
                 Err(ferrohub_engine::c2d::C2dError::Storage(e)) => Err(e.to_string()),
                 Err(e) => {
-                    tracing::debug!(device, error = %e, "c2d settle refused");
+                    tracing::debug!(device = %device, error = %e, "c2d settle refused");
                     Ok(())
                 }
             }
@@ -221,7 +222,7 @@ impl Delivery {
         let (ctx, device) = (ctx.clone(), self.device_id.clone());
         tokio::spawn(async move {
             if let Err(e) = settle(&ctx, &device, lock_token, action).await {
-                tracing::debug!(device, error = %e, "c2d settle refused");
+                tracing::debug!(device = %device, error = %e, "c2d settle refused");
             }
         });
     }
@@ -246,7 +247,7 @@ impl Delivery {
                 for d in got {
                     self.inflight.push(InFlight {
                         pkid: None,
-                        lock_until: held_until(&d, lock_for),
+                        lock_until: held_until(&d, lock_for, &ctx.clock),
                         lock_token: d.lock_token,
                     });
                 }
@@ -271,9 +272,8 @@ impl Delivery {
 
 /// Until when a delivered message occupies the window: its lock, or its expiry if sooner (an
 /// expired message dies, locked or not).
-fn held_until(d: &Delivered, lock_for: Duration) -> Instant {
-    let to_expiry = Duration::from_millis((d.expiry.0 - now().0).max(0) as u64);
-    Instant::now() + lock_for.min(to_expiry)
+fn held_until(d: &Delivered, lock_for: Duration, clock: &Clock) -> Instant {
+    (Instant::now() + lock_for).min(clock.instant_at(d.expiry))
 }
 
 /// Settles one message and wakes the device's connection (its window opened, or the message
@@ -286,7 +286,7 @@ async fn settle(
 ) -> Result<Settled, ferrohub_engine::c2d::C2dError> {
     let settings = ctx.c2d.settings;
     let id = device_id.to_string();
-    let at = now();
+    let at = ctx.clock.now();
     let result = ctx
         .store
         .run(move |s| s.settle_c2d(&id, &lock_token, action, at, &settings))

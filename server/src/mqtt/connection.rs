@@ -40,8 +40,7 @@ use super::topics::{self, Feature, Inbound};
 use super::twin;
 use crate::hub::connections::{Outbound, Registration, OUTBOUND_QUEUE};
 use crate::hub::methods::MethodAnswer;
-use crate::hub::HubContext;
-use crate::rest::now;
+use crate::hub::{AppendLane, HubContext};
 use crate::telemetry::{self, DeviceMessage};
 
 /// CONNECT must arrive within this.
@@ -90,6 +89,8 @@ struct Connection<IO> {
     methods_flag: std::sync::Arc<std::sync::atomic::AtomicBool>,
     c2d: Delivery,
     c2d_wake: std::sync::Arc<tokio::sync::Notify>,
+    /// This connection's ordered path for telemetry (see [`AppendLane`]).
+    lane: AppendLane,
 }
 
 fn keep_alive_timeout(keep_alive: u16) -> Option<Duration> {
@@ -207,6 +208,7 @@ where
         methods_flag: std::sync::Arc::clone(&registration.methods),
         c2d: Delivery::new(settle_mode, auth.who.device_id.clone()),
         c2d_wake: std::sync::Arc::clone(&registration.c2d_wake),
+        lane: ctx.telemetry_lane(),
     };
     let end = conn
         .serve(
@@ -227,7 +229,7 @@ where
 
 async fn record_connection(ctx: &HubContext, auth: &Authenticated, connected: bool) {
     let (d, m) = (auth.who.device_id.clone(), auth.who.module_id.clone());
-    let now = now();
+    let now = ctx.clock.now();
     if let Err(e) = ctx
         .store
         .run(move |s| s.record_connection(&d, m.as_deref(), connected, now))
@@ -271,12 +273,11 @@ async fn publish_will(
     }
     match telemetry::to_event(&auth.record, auth.method, msg) {
         Ok(event) => {
-            let routed = ctx.route_telemetry(event, auth.who.module_id.as_deref());
-            if let Err(e) = ctx
-                .store
-                .append_in_order(routed, now(), ctx.d2c.clone())
-                .await
-            {
+            let lane = ctx.telemetry_lane();
+            let appended = ctx
+                .append_telemetry(&lane, vec![event], auth.who.module_id.clone())
+                .await;
+            if let Err(e) = appended.await {
                 tracing::error!(error = %e, "cannot store the will message");
             }
         }
@@ -359,7 +360,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
 
     async fn on_packet(&mut self, packet: VariablePacket) -> Option<End> {
         match packet {
-            VariablePacket::PublishPacket(p) => self.on_publish(p),
+            VariablePacket::PublishPacket(p) => self.on_publish(p).await,
             VariablePacket::SubscribePacket(p) => self.on_subscribe(p).await,
             VariablePacket::UnsubscribePacket(p) => self.on_unsubscribe(p).await,
             VariablePacket::PingreqPacket(_) => self
@@ -378,7 +379,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         }
     }
 
-    fn on_publish(&mut self, p: PublishPacket) -> Option<End> {
+    async fn on_publish(&mut self, p: PublishPacket) -> Option<End> {
         let pkid = match p.qos() {
             QoSWithPacketIdentifier::Level0 => None,
             QoSWithPacketIdentifier::Level1(id) => Some(id),
@@ -407,13 +408,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     Ok(e) => e,
                     Err(e) => return Some(End::Violation(e.to_string())),
                 };
-                let routed = self
-                    .ctx
-                    .route_telemetry(event, self.auth.who.module_id.as_deref());
+                // Waits here, suspending only this connection, while the hub admits no more
+                // writes (a stalled disk); then the append proceeds behind the seam.
                 let appended = self
                     .ctx
-                    .store
-                    .append_in_order(routed, now(), self.ctx.d2c.clone());
+                    .append_telemetry(&self.lane, vec![event], self.auth.who.module_id.clone())
+                    .await;
                 self.pending.push_back(Box::pin(async move {
                     appended.await.map_err(|e| e.to_string())?;
                     Ok(pkid

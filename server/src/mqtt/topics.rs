@@ -2,27 +2,13 @@
 //!
 //! Device and module ids cannot contain `/` (REG-1), so splitting on `/` is exact.
 
-/// Who a connection acts for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
-    pub device_id: String,
-    pub module_id: Option<String>,
-}
+pub use crate::ids::Identity;
 
-impl Identity {
-    /// `deviceId` or `deviceId/moduleId`, as in the CONNECT client id.
-    pub fn client_id(&self) -> String {
-        match &self.module_id {
-            Some(m) => format!("{}/{m}", self.device_id),
-            None => self.device_id.clone(),
-        }
-    }
-
-    fn prefix(&self) -> String {
-        match &self.module_id {
-            Some(m) => format!("devices/{}/modules/{m}/", self.device_id),
-            None => format!("devices/{}/", self.device_id),
-        }
+/// The topic prefix of an identity's own topics.
+fn prefix(who: &Identity) -> String {
+    match &who.module_id {
+        Some(m) => format!("devices/{}/modules/{m}/", who.device_id),
+        None => format!("devices/{}/", who.device_id),
     }
 }
 
@@ -97,7 +83,7 @@ pub fn parse_publish<'a>(topic: &'a str, me: &Identity) -> Result<Inbound<'a>, T
     if !topic.starts_with("devices/") {
         return Err(TopicError::Unknown(topic.into()));
     }
-    let prefix = me.prefix();
+    let prefix = prefix(me);
     let Some(rest) = topic.strip_prefix(prefix.as_str()) else {
         return Err(if topic.contains("/messages/events") {
             TopicError::OtherIdentity(topic.into())
@@ -163,17 +149,11 @@ mod tests {
     use super::*;
 
     fn dev() -> Identity {
-        Identity {
-            device_id: "dev1".into(),
-            module_id: None,
-        }
+        Identity::for_device("dev1")
     }
 
     fn module() -> Identity {
-        Identity {
-            device_id: "dev1".into(),
-            module_id: Some("m1".into()),
-        }
+        Identity::for_module("dev1", "m1")
     }
 
     #[test]

@@ -14,7 +14,6 @@ use serde_json::{Map, Value};
 
 use super::topics::Identity;
 use crate::hub::HubContext;
-use crate::rest::now;
 
 /// Packets to send, in order, once a queued piece of work completes.
 pub type Packets = Vec<VariablePacket>;
@@ -111,7 +110,7 @@ pub async fn patch_reported(
             )
         }
     };
-    let now = now();
+    let now = ctx.clock.now();
     let result = ctx
         .store
         .run(move |s| s.patch_reported(&who.device_id, who.module_id.as_deref(), &patch, now))

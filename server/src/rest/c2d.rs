@@ -18,7 +18,7 @@ use warp::http::{HeaderMap, HeaderValue, Response, StatusCode};
 use warp::{Filter, Rejection, Reply};
 
 use super::error::ApiError;
-use super::{authenticated, now, Context, PathId};
+use super::{authenticated, Context, PathId};
 use crate::auth::{AuthError, Permission, Principal};
 use crate::c2d_message::{self, MAX_C2D_BYTES};
 
@@ -210,7 +210,7 @@ async fn send(
     let result = async {
         p.require_hub(Permission::ServiceConnect)?;
         let message = message_from(&headers, body)?;
-        let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), now());
+        let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
         let sent: Sent = ctx
             .store
             .run(move |s| s.send_c2d(&id, message, at, &settings))
@@ -260,7 +260,7 @@ async fn authorise_device(ctx: &Context, p: &Principal, device_id: &str) -> Resu
 async fn receive(ctx: Context, device_id: String, p: Principal) -> Reply_ {
     let result = async {
         authorise_device(&ctx, &p, &device_id).await?;
-        let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), now());
+        let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
         let mut got = ctx
             .store
             .run(move |s| s.receive_c2d(&id, 1, at, &settings))
@@ -328,7 +328,7 @@ async fn settle(
 ) -> Reply_ {
     let result = async {
         authorise_device(&ctx, &p, &device_id).await?;
-        let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), now());
+        let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
         let settled = ctx
             .store
             .run(move |s| s.settle_c2d(&id, &token, action, at, &settings))
@@ -362,7 +362,7 @@ struct FeedbackJson {
 async fn receive_feedback(ctx: Context, p: Principal) -> Reply_ {
     let result = async {
         p.require_hub(Permission::ServiceConnect)?;
-        let (settings, at) = (ctx.c2d.settings, now());
+        let (settings, at) = (ctx.c2d.settings, ctx.clock.now());
         let got: Option<FeedbackMessage> = ctx
             .store
             .run(move |s| s.receive_feedback(at, &settings))
@@ -411,7 +411,7 @@ async fn receive_feedback(ctx: Context, p: Principal) -> Reply_ {
 async fn settle_feedback(ctx: Context, token: String, p: Principal, action: Settle) -> Reply_ {
     let result = async {
         p.require_hub(Permission::ServiceConnect)?;
-        let (settings, at) = (ctx.c2d.settings, now());
+        let (settings, at) = (ctx.c2d.settings, ctx.clock.now());
         ctx.store
             .run(move |s| s.settle_feedback(&token, action, at, &settings))
             .await?;

@@ -8,7 +8,7 @@ use warp::http::StatusCode;
 use warp::{Filter, Rejection, Reply};
 
 use super::error::ApiError;
-use super::{authenticated, json_body, json_reply, now, Context, PathId};
+use super::{authenticated, json_body, json_reply, Context, PathId};
 use crate::auth::{Permission, Principal};
 use crate::x509;
 
@@ -48,7 +48,7 @@ pub fn routes(
                     let ca = CertificateAuthority {
                         name: name.0,
                         der,
-                        created: now(),
+                        created: ctx.clock.now(),
                     };
                     let stored = ca.clone();
                     ctx.store

@@ -17,14 +17,14 @@ use base64::Engine as _;
 use ferrohub_engine::d2c::{
     Checkpoint, D2cError, D2cEvent, EndpointSlot, PartitionInfo, ReadPosition,
 };
-use ferrohub_engine::UnixMillis;
+use ferrohub_engine::{StorageError, UnixMillis};
 use serde::{Deserialize, Serialize};
 use warp::http::StatusCode;
 use warp::{Filter, Rejection, Reply};
 
 use super::error::ApiError;
 use super::identity_json::format_time;
-use super::{authenticated, json_body, json_reply, now, Context, PathId};
+use super::{authenticated, json_body, json_reply, Context, PathId};
 use crate::auth::{Permission, Principal};
 
 /// Most events one read returns.
@@ -171,21 +171,33 @@ fn endpoint(ctx: Context) -> impl Filter<Extract = (EndpointSlot,), Error = Reje
     let builtin = {
         let ctx = ctx.clone();
         warp::path("events").and_then(move || {
-            let slot = ctx
-                .store
-                .store()
-                .endpoint_slot(ferrohub_engine::endpoints::BUILTIN_ENDPOINT);
-            async move { slot.ok_or_else(|| warp::reject::not_found()) }
+            let store = ctx.store.clone();
+            async move {
+                store
+                    .run(|s| {
+                        Ok::<_, StorageError>(
+                            s.endpoint_slot(ferrohub_engine::endpoints::BUILTIN_ENDPOINT),
+                        )
+                    })
+                    .await
+                    .map_err(|e| warp::reject::custom(ApiError::Storage(e)))?
+                    .ok_or_else(warp::reject::not_found)
+            }
         })
     };
     let custom = warp::path("endpoints")
         .and(warp::path::param::<PathId>())
         .and_then(move |name: PathId| {
-            let slot = ctx.store.store().endpoint_slot(&name.0);
+            let store = ctx.store.clone();
             async move {
-                slot.ok_or_else(|| {
-                    warp::reject::custom(ApiError::Events(D2cError::NoSuchEndpoint(name.0)))
-                })
+                let n = name.0.clone();
+                store
+                    .run(move |s| Ok::<_, StorageError>(s.endpoint_slot(&n)))
+                    .await
+                    .map_err(|e| warp::reject::custom(ApiError::Storage(e)))?
+                    .ok_or_else(|| {
+                        warp::reject::custom(ApiError::Events(D2cError::NoSuchEndpoint(name.0)))
+                    })
             }
         });
     builtin.or(custom).unify()
@@ -267,7 +279,7 @@ pub fn routes(ctx: Context) -> impl Filter<Extract = (Response,), Error = Reject
             reply(
                 async {
                     require_service(&p)?;
-                    let now = now();
+                    let now = ctx.clock.now();
                     let name = g.0.clone();
                     ctx.store
                         .run(move |s| s.create_consumer_group(&name, now))
@@ -363,7 +375,7 @@ pub fn routes(ctx: Context) -> impl Filter<Extract = (Response,), Error = Reject
                         let cp = Checkpoint {
                             sequence_number: body.sequence_number,
                             offset,
-                            updated: now(),
+                            updated: ctx.clock.now(),
                         };
                         ctx.store
                             .run(move |s| s.set_checkpoint(&g.0, pid, &cp))

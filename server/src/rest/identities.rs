@@ -8,7 +8,7 @@ use warp::{Filter, Rejection, Reply};
 
 use super::error::ApiError;
 use super::identity_json::{BulkItemJson, DeviceJson, IdentityBody, ModuleJson};
-use super::{authenticated, if_match, json_body, json_reply, now, Context, PathId};
+use super::{authenticated, if_match, json_body, json_reply, Context, PathId};
 use crate::auth::{Permission, Principal};
 
 type Response = warp::reply::Response;
@@ -150,7 +150,7 @@ async fn put_device_handler(
                 }
             }
             let spec = body.to_spec()?;
-            let now = now();
+            let now = ctx.clock.now();
             let d = ctx
                 .store
                 .run(move |s| match cond {
@@ -179,8 +179,9 @@ async fn delete_device_handler(
             p.require_hub(Permission::RegistryWrite)?;
             let cond = cond.unwrap_or(IfMatch::Any);
             let device_id = id.0.clone();
+            let at = ctx.clock.now();
             ctx.store
-                .run(move |s| s.delete_device(&id.0, &cond, now()))
+                .run(move |s| s.delete_device(&id.0, &cond, at))
                 .await?;
             ctx.connections.kick_device(&device_id);
             Ok(no_content())
@@ -264,7 +265,7 @@ async fn put_module_handler(
                 }
             }
             let spec = body.to_spec()?;
-            let now = now();
+            let now = ctx.clock.now();
             let m = ctx
                 .store
                 .run(move |s| match cond {
@@ -290,8 +291,9 @@ async fn delete_module_handler(
             p.require_hub(Permission::RegistryWrite)?;
             let cond = cond.unwrap_or(IfMatch::Any);
             let client_id = format!("{}/{}", id.0, mid.0);
+            let at = ctx.clock.now();
             ctx.store
-                .run(move |s| s.delete_module(&id.0, &mid.0, &cond, now()))
+                .run(move |s| s.delete_module(&id.0, &mid.0, &cond, at))
                 .await?;
             ctx.connections.kick_client(&client_id);
             Ok(no_content())
@@ -364,7 +366,7 @@ async fn bulk_handler(
                     )),
                 }
             }
-            let now = now();
+            let now = ctx.clock.now();
             let to_kick: Vec<String> = valid
                 .iter()
                 .filter(|i| {

@@ -17,19 +17,17 @@ mod routing;
 mod statistics;
 mod telemetry;
 pub mod twins;
-pub mod ws;
 
 use std::str::FromStr;
 
 use ferrohub_engine::model::IfMatch;
-use ferrohub_engine::{RegistryError, UnixMillis};
 use percent_encoding::percent_decode_str;
 use serde::de::DeserializeOwned;
 use warp::filters::BoxedFilter;
 use warp::{Filter, Rejection, Reply};
 
-use crate::auth::{self, sas::SasToken, AuthError, Principal, Scope};
-use crate::hub::HubContext;
+use crate::auth::{AuthError, Principal};
+use crate::hub::{AuthFailure, HubContext};
 use error::ApiError;
 
 /// Largest REST body accepted (bulk requests of 100 identities fit easily).
@@ -52,14 +50,6 @@ impl FromStr for PathId {
     }
 }
 
-pub fn now() -> UnixMillis {
-    UnixMillis(chrono::Utc::now().timestamp_millis())
-}
-
-fn now_secs() -> u64 {
-    chrono::Utc::now().timestamp().max(0) as u64
-}
-
 async fn authenticate(
     ctx: Context,
     header: Option<String>,
@@ -68,30 +58,10 @@ async fn authenticate(
     let token = header.or_else(|| url_query_param(&query, "authorization"));
     let result = async {
         let token = token.ok_or(AuthError::Missing)?;
-        let token = SasToken::parse(&token).map_err(AuthError::from)?;
-        if let Some(p) = auth::authenticate_policy(&token, &ctx.settings, now_secs())? {
-            return Ok(p);
-        }
-        let Scope::Device {
-            device_id,
-            module_id,
-        } = auth::parse_scope(&token.resource, &ctx.settings.host_name)?
-        else {
-            return Err(AuthError::UnknownIdentity("(hub)".into()).into());
-        };
-        let name = device_id.clone();
-        let identity = ctx
-            .store
-            .run(move |s| match &module_id {
-                Some(m) => s.get_module(&device_id, m),
-                None => s.get_device(&device_id),
-            })
-            .await
-            .map_err(|e| match e {
-                RegistryError::Storage(s) => ApiError::Storage(s),
-                _ => ApiError::Unauthorized(AuthError::UnknownIdentity(name)),
-            })?;
-        Ok::<_, ApiError>(auth::authenticate_identity(&token, &identity, now_secs())?)
+        ctx.auth.service_token(&token).await.map_err(|e| match e {
+            AuthFailure::Refused(reason) => ApiError::Unauthorized(reason),
+            AuthFailure::Unavailable(e) => ApiError::Storage(e),
+        })
     }
     .await;
     result.map_err(warp::reject::custom)
@@ -159,10 +129,8 @@ pub fn json_reply<T: serde::Serialize>(value: &T) -> warp::reply::Response {
 /// Each module's filter is boxed: one nested filter type for all of them would exceed the
 /// compiler's recursion limit.
 pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
-    ws::routes(ctx.clone())
+    identities::routes(ctx.clone())
         .boxed()
-        .or(identities::routes(ctx.clone()).boxed())
-        .unify()
         .or(statistics::routes(ctx.clone()).boxed())
         .unify()
         .or(telemetry::routes(ctx.clone()).boxed())

@@ -14,9 +14,9 @@ use warp::http::StatusCode;
 use warp::{Filter, Rejection, Reply};
 
 use super::error::ApiError;
-use super::{authenticated, json_body, json_reply, now, Context, PathId};
+use super::{authenticated, json_body, json_reply, Context, PathId};
 use crate::auth::{Permission, Principal};
-use crate::routing::table::compile;
+use crate::hub::routes::compile_stored;
 use crate::routing::RouteError;
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -73,8 +73,8 @@ fn route_json(r: &Route) -> RouteJson {
     }
 }
 
-fn config_json(ctx: &Context, c: &RoutingConfig) -> serde_json::Value {
-    let store = ctx.store.store();
+/// The built-in endpoint, then every custom one, as the stored slots say now.
+fn endpoints_json(store: &ferrohub_engine::Store) -> Vec<EndpointJson> {
     let builtin = store
         .endpoint_slot(BUILTIN_ENDPOINT)
         .map_or(0, |s| s.partitions);
@@ -86,6 +86,10 @@ fn config_json(ctx: &Context, c: &RoutingConfig) -> serde_json::Value {
         name: e.name,
         partition_count: e.slot.partitions,
     }));
+    endpoints
+}
+
+fn config_json(c: &RoutingConfig, endpoints: Vec<EndpointJson>) -> serde_json::Value {
     serde_json::json!({
         "routes": c.routes.iter().map(route_json).collect::<Vec<_>>(),
         "fallbackRoute": FallbackJson { is_enabled: c.fallback_enabled },
@@ -110,7 +114,7 @@ async fn change(
             let mut compiled = None;
             let config = s.update_routing_config(|cfg| {
                 edit(cfg)?;
-                compiled = Some(compile(cfg, s)?);
+                compiled = Some(compile_stored(cfg, s)?);
                 Ok::<_, RouteError>(())
             })?;
             if let Some(table) = compiled {
@@ -147,8 +151,11 @@ pub fn routes(ctx: Context) -> impl Filter<Extract = (Response,), Error = Reject
             reply(
                 async {
                     authorise(&p, false)?;
-                    let c = ctx.store.run(|s| s.routing_config()).await?;
-                    Ok(json_reply(&config_json(&ctx, &c)))
+                    let (c, endpoints) = ctx
+                        .store
+                        .run(|s| Ok::<_, RouteError>((s.routing_config()?, endpoints_json(s))))
+                        .await?;
+                    Ok(json_reply(&config_json(&c, endpoints)))
                 }
                 .await,
             )
@@ -302,9 +309,10 @@ pub fn routes(ctx: Context) -> impl Filter<Extract = (Response,), Error = Reject
                     async {
                         authorise(&p, true)?;
                         let n = name.0.clone();
+                        let at = ctx.clock.now();
                         let e = ctx
                             .store
-                            .run(move |s| s.create_endpoint(&n, body.partition_count, now()))
+                            .run(move |s| s.create_endpoint(&n, body.partition_count, at))
                             .await?;
                         Ok(warp::reply::with_status(
                             json_reply(&EndpointJson {

@@ -13,7 +13,8 @@ use warp::http::{HeaderMap, StatusCode};
 use warp::{Filter, Rejection, Reply};
 
 use super::error::ApiError;
-use super::{authenticated, now, Context, PathId};
+use super::{authenticated, Context, PathId};
+use crate::ids::ModuleId;
 use crate::auth::{AuthError, Permission, Principal, Scope, Signer};
 use crate::telemetry::{self, AuthMethod, DeviceMessage, MAX_MESSAGE_BYTES};
 
@@ -186,12 +187,9 @@ async fn send_handler(
                     .map_err(|e| ApiError::TooLarge(e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let events: Vec<NewEvent> = events
-            .into_iter()
-            .flat_map(|e| ctx.route_telemetry(e, module_id.as_deref()))
-            .collect();
-        ctx.store
-            .append_in_order(events, now(), ctx.d2c.clone())
+        let lane = ctx.telemetry_lane();
+        ctx.append_telemetry(&lane, events, module_id.map(ModuleId::new))
+            .await
             .await?;
         Ok::<_, ApiError>(
             warp::reply::with_status(warp::reply(), StatusCode::NO_CONTENT).into_response(),

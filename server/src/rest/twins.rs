@@ -12,7 +12,7 @@ use warp::{Filter, Rejection};
 
 use super::error::ApiError;
 use super::identity_json::format_time;
-use super::{authenticated, if_match, json_body, json_reply, now, Context, PathId};
+use super::{authenticated, if_match, json_body, json_reply, Context, PathId};
 use crate::auth::{Permission, Principal};
 use crate::hub::connections::Outbound;
 
@@ -144,7 +144,7 @@ async fn write_handler(
             p.require_hub(Permission::ServiceConnect)?;
             let write = twin_write(&body)?;
             let cond = cond.unwrap_or(IfMatch::Any);
-            let now = now();
+            let now = ctx.clock.now();
             let outcome = ctx
                 .store
                 .run(move |s| {

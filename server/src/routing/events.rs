@@ -1,41 +1,17 @@
-//! Non-telemetry events (EVT-1..EVT-4, TWN-9): the task that reads the engine's notification
-//! outbox in order, shapes each record as seed 004's event (system and application properties,
-//! body), routes it, and appends the routed events together with its cursor.
+//! Non-telemetry events (EVT-1..EVT-4, TWN-9): each record of the engine's notification outbox
+//! shaped as seed 004's event (system and application properties, body). The hub's event
+//! router task (`hub::event_router`) reads the outbox, shapes, routes and appends.
 //!
 //! # Invariants
-//! - Records are handled strictly in sequence order and each exactly once: the cursor moves
-//!   in the batch that stores their events (see `ferrohub_engine::endpoints`).
 //! - Connection state events carry the record's hub-wide sequence number as 64 upper-case hex
 //!   digits: strictly increasing, also across restarts, and comparable as strings.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use ferrohub_engine::d2c::NewEvent;
 use ferrohub_engine::notifications::{EventSource, Notification, NotificationOp};
+use ferrohub_engine::UnixMillis;
 use serde_json::{Map, Value};
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
-use crate::hub::HubContext;
-use crate::rest::now;
-
-/// Records routed per batch.
-const BATCH: usize = 256;
-/// The longest the task sleeps without looking (the wake-up is the mechanism).
-const IDLE_CHECK: Duration = Duration::from_secs(5);
-
-/// ISO 8601 with seven fractional digits, as IoT Hub writes event times.
-pub fn iso7(ms: i64) -> String {
-    use chrono::Timelike;
-    let t = chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default();
-    // chrono has no 7-digit fraction: seconds, then hundreds of nanoseconds.
-    format!(
-        "{}.{:07}Z",
-        t.format("%Y-%m-%dT%H:%M:%S"),
-        t.nanosecond() / 100
-    )
-}
+use crate::clock::iso7;
 
 /// `iothub-message-source` and `iothub-message-schema` of a source.
 fn source_names(source: EventSource) -> (&'static str, &'static str) {
@@ -59,7 +35,7 @@ fn format_times(value: &mut Value) {
             for (k, v) in map.iter_mut() {
                 if k == "$lastUpdated" {
                     if let Some(ms) = v.as_str().and_then(|s| s.parse::<i64>().ok()) {
-                        *v = Value::String(iso7(ms));
+                        *v = Value::String(iso7(UnixMillis(ms)));
                         continue;
                     }
                 }
@@ -104,7 +80,7 @@ pub fn to_event(n: &Notification, hub_name: &str) -> NewEvent {
     }
     application.push(("opType".into(), n.op.name().into()));
     application.push(("iothub-message-schema".into(), schema.into()));
-    application.push(("operationTimestamp".into(), iso7(n.time.0)));
+    application.push(("operationTimestamp".into(), iso7(n.time)));
     let body = match n.op {
         NotificationOp::DeviceConnected | NotificationOp::DeviceDisconnected => {
             let mut b = Map::new();
@@ -129,68 +105,9 @@ pub fn to_event(n: &Notification, hub_name: &str) -> NewEvent {
     }
 }
 
-/// Routes the outbox until shutdown. `wake` is notified by the engine after new records.
-pub async fn run(ctx: HubContext, wake: Arc<Notify>, shutdown: CancellationToken) {
-    let mut cursor = match ctx.store.run(|s| s.router_cursor()).await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot read the router cursor; non-telemetry events stop");
-            return;
-        }
-    };
-    loop {
-        let from = cursor;
-        let router = Arc::clone(&ctx.routing);
-        let routed = ctx
-            .store
-            .run(move |s| {
-                let notes = s.read_notifications(from, BATCH)?;
-                let Some(last) = notes.last() else {
-                    return Ok(None);
-                };
-                let next = last.sequence + 1;
-                let at = now();
-                let events: Vec<NewEvent> = notes
-                    .iter()
-                    .flat_map(|n| {
-                        let event = to_event(n, router.hub_name());
-                        router.route(s, event, n.module_id.as_deref(), n.op.source(), iso7(at.0))
-                    })
-                    .filter(|e| e.endpoints.as_ref().is_none_or(|v| !v.is_empty()))
-                    .collect();
-                let appended = s.append_routed_notifications(events, at, next)?;
-                Ok::<_, ferrohub_engine::d2c::D2cError>(Some((next, appended)))
-            })
-            .await;
-        match routed {
-            Ok(Some((next, appended))) => {
-                for a in appended {
-                    ctx.d2c.appended(a.partition, a.sequence_number);
-                }
-                cursor = next;
-            }
-            Ok(None) => {
-                tokio::select! {
-                    _ = wake.notified() => {}
-                    _ = tokio::time::sleep(IDLE_CHECK) => {}
-                    _ = shutdown.cancelled() => return,
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "routing non-telemetry events failed; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    _ = shutdown.cancelled() => return,
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrohub_engine::UnixMillis;
 
     #[test]
     fn connection_sequence_numbers_are_64_hex_digits_ordered_as_strings() {

@@ -14,12 +14,12 @@ use ferrohub_engine::d2c::{EndpointSlot, NewEvent};
 use ferrohub_engine::endpoints::BUILTIN_ENDPOINT;
 use ferrohub_engine::notifications::EventSource;
 use ferrohub_engine::routing::RoutingConfig;
-use ferrohub_engine::{StorageError, Store};
+use ferrohub_engine::StorageError;
 use parking_lot::RwLock;
 use serde_json::Value;
 
 use super::query::{Condition, QueryError};
-use super::view::EventView;
+use super::view::{EventView, TwinSource};
 
 /// Why a routing configuration is refused.
 #[derive(Debug, thiserror::Error)]
@@ -100,15 +100,18 @@ fn compile_enrichment_value(value: &str) -> Result<EnrichValue, RouteError> {
     Ok(EnrichValue::Static(value.to_string()))
 }
 
-/// Compiles and checks a configuration against the endpoints that exist now.
+/// Compiles and checks a configuration against the endpoints that exist now, which
+/// `endpoint` resolves by name.
 ///
 /// # Errors
 /// [`RouteError`] naming the first problem; nothing is compiled.
-pub fn compile(config: &RoutingConfig, store: &Store) -> Result<Table, RouteError> {
+pub fn compile(
+    config: &RoutingConfig,
+    endpoint: &dyn Fn(&str) -> Option<EndpointSlot>,
+) -> Result<Table, RouteError> {
     let mut slots = HashMap::new();
     let mut resolve = |owner: &str, name: &str| -> Result<(), RouteError> {
-        let slot = store
-            .endpoint_slot(name)
+        let slot = endpoint(name)
             .ok_or_else(|| RouteError::UnknownEndpoint {
                 owner: owner.to_string(),
                 endpoint: name.to_string(),
@@ -181,17 +184,13 @@ pub struct Router {
 }
 
 impl Router {
-    /// Compiles the stored configuration.
-    ///
-    /// # Errors
-    /// A stored configuration that no longer compiles (an endpoint vanished), or storage.
-    pub fn load(store: &Store, hub_name: &str) -> Result<Router, RouteError> {
-        let table = compile(&store.routing_config()?, store)?;
-        Ok(Router {
+    /// A router for a compiled table.
+    pub fn new(table: Table, hub_name: &str) -> Router {
+        Router {
             table: RwLock::new(Arc::new(table)),
             hub_name: hub_name.to_string(),
             changes: parking_lot::Mutex::new(()),
-        })
+        }
     }
 
     /// Serialises configuration changes; see [`Router::install`].
@@ -213,14 +212,14 @@ impl Router {
     /// its endpoints. An event routed nowhere comes back with an empty endpoint list.
     pub fn route(
         &self,
-        store: &Store,
+        twins: &dyn TwinSource,
         mut event: NewEvent,
         module_id: Option<&str>,
         source: EventSource,
         enqueued: String,
     ) -> Vec<NewEvent> {
         let table = Arc::clone(&self.table.read());
-        let view = EventView::new(&event, module_id, enqueued, Some(store));
+        let view = EventView::new(&event, module_id, enqueued, twins);
         let mut names: Vec<&str> = Vec::new();
         for r in table
             .routes
@@ -287,68 +286,4 @@ impl Router {
         }
         out
     }
-}
-
-/// Applies the configuration file's `[routing]` section at start: creates its endpoints (an
-/// existing one is kept as it is), then upserts its routes and enrichments by name and sets the
-/// fallback route, refusing the whole section if the result does not compile.
-///
-/// # Errors
-/// [`RouteError`] naming the first problem.
-pub fn apply_config(
-    store: &Store,
-    section: &crate::config::RoutingSection,
-) -> Result<(), RouteError> {
-    use ferrohub_engine::routing::{Enrichment, Route};
-    for e in &section.endpoints {
-        match store.endpoint_slot(&e.name) {
-            Some(slot) if slot.partitions != e.partitions => tracing::warn!(
-                endpoint = %e.name, stored = slot.partitions, configured = e.partitions,
-                "an endpoint's partition count is fixed when it is created; keeping the stored one"
-            ),
-            Some(_) => {}
-            None => {
-                store
-                    .create_endpoint(&e.name, e.partitions, crate::rest::now())
-                    .map_err(|err| RouteError::Invalid(format!("endpoint {}: {err}", e.name)))?;
-            }
-        }
-    }
-    if section.routes.is_empty() && section.enrichments.is_empty() && section.fallback.is_none() {
-        return Ok(());
-    }
-    store.update_routing_config(|cfg| {
-        for r in &section.routes {
-            let source = EventSource::parse(&r.source).ok_or_else(|| {
-                RouteError::Invalid(format!("route {}: unknown source {:?}", r.name, r.source))
-            })?;
-            let route = Route {
-                name: r.name.clone(),
-                source,
-                condition: r.condition.clone(),
-                endpoints: r.endpoints.clone(),
-                enabled: r.enabled,
-            };
-            match cfg.routes.iter_mut().find(|x| x.name == r.name) {
-                Some(existing) => *existing = route,
-                None => cfg.routes.push(route),
-            }
-        }
-        for e in &section.enrichments {
-            let enrichment = Enrichment {
-                key: e.key.clone(),
-                value: e.value.clone(),
-                endpoints: e.endpoints.clone(),
-            };
-            match cfg.enrichments.iter_mut().find(|x| x.key == e.key) {
-                Some(existing) => *existing = enrichment,
-                None => cfg.enrichments.push(enrichment),
-            }
-        }
-        if let Some(f) = section.fallback {
-            cfg.fallback_enabled = f;
-        }
-        compile(cfg, store).map(drop)
-    })?;
-    Ok(())
 }

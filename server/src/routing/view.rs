@@ -5,7 +5,7 @@
 use std::cell::OnceCell;
 
 use ferrohub_engine::d2c::NewEvent;
-use ferrohub_engine::Store;
+use ferrohub_engine::twin::store::TwinRecord;
 use serde_json::{Map, Value};
 
 use super::query::MessageView;
@@ -30,13 +30,43 @@ const SYSTEM: &[(&str, &str)] = &[
 /// A twin as routing reads it: `tags` and `properties.{desired,reported}`.
 pub type TwinDoc = Value;
 
+/// Where routing reads a device's or module's twin. Routing itself never touches storage:
+/// the hub passes a source that reads the engine, behind its seam.
+pub trait TwinSource {
+    /// The twin of the identity, shaped by [`twin_doc`]; `None` if there is none.
+    fn twin(&self, device_id: &str, module_id: Option<&str>) -> Option<TwinDoc>;
+}
+
+/// No twins at all: conditions on `$twin` are undefined.
+pub struct NoTwins;
+
+impl TwinSource for NoTwins {
+    fn twin(&self, _: &str, _: Option<&str>) -> Option<TwinDoc> {
+        None
+    }
+}
+
+/// A stored twin as routing sees it.
+pub fn twin_doc(record: &TwinRecord) -> TwinDoc {
+    let mut properties = Map::new();
+    properties.insert("desired".into(), Value::Object(record.desired.body.clone()));
+    properties.insert(
+        "reported".into(),
+        Value::Object(record.reported.body.clone()),
+    );
+    let mut doc = Map::new();
+    doc.insert("tags".into(), Value::Object(record.tags.clone()));
+    doc.insert("properties".into(), Value::Object(properties));
+    Value::Object(doc)
+}
+
 /// One event seen by conditions and enrichments.
 pub struct EventView<'a> {
     pub event: &'a NewEvent,
     pub module_id: Option<&'a str>,
     /// When the event is being routed (`$enqueuedTime`), ISO 8601.
     pub enqueued: String,
-    store: Option<&'a Store>,
+    twins: &'a dyn TwinSource,
     body: OnceCell<Option<Value>>,
     twin: OnceCell<Option<TwinDoc>>,
 }
@@ -46,13 +76,13 @@ impl<'a> EventView<'a> {
         event: &'a NewEvent,
         module_id: Option<&'a str>,
         enqueued: String,
-        store: Option<&'a Store>,
+        twins: &'a dyn TwinSource,
     ) -> Self {
         EventView {
             event,
             module_id,
             enqueued,
-            store,
+            twins,
             body: OnceCell::new(),
             twin: OnceCell::new(),
         }
@@ -79,21 +109,7 @@ impl<'a> EventView<'a> {
     /// Reads the twin synchronously: a point read, only for conditions or enrichments that
     /// name `$twin` (never on the plain routing path).
     fn load_twin(&self) -> Option<TwinDoc> {
-        let store = self.store?;
-        let twin = store.get_twin(&self.event.device_id, self.module_id).ok()?;
-        let mut properties = Map::new();
-        properties.insert(
-            "desired".into(),
-            Value::Object(twin.record.desired.body.clone()),
-        );
-        properties.insert(
-            "reported".into(),
-            Value::Object(twin.record.reported.body.clone()),
-        );
-        let mut doc = Map::new();
-        doc.insert("tags".into(), Value::Object(twin.record.tags.clone()));
-        doc.insert("properties".into(), Value::Object(properties));
-        Some(Value::Object(doc))
+        self.twins.twin(&self.event.device_id, self.module_id)
     }
 }
 
@@ -175,7 +191,7 @@ mod tests {
             body: br#"{"t": 21.5}"#.to_vec(),
             ..NewEvent::default()
         };
-        let v = EventView::new(&event, None, "2026-01-01T00:00:00Z".into(), None);
+        let v = EventView::new(&event, None, "2026-01-01T00:00:00Z".into(), &NoTwins);
         assert_eq!(
             v.system_property("connectionDeviceId"),
             Some(Value::from("d"))
@@ -185,6 +201,6 @@ mod tests {
             v.body().and_then(|b| b.get("t")).cloned(),
             Some(Value::from(21.5))
         );
-        assert_eq!(v.twin(&["tags".into()]), None, "no store: no twin");
+        assert_eq!(v.twin(&["tags".into()]), None, "no twin source: no twin");
     }
 }

@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use warp::filters::BoxedFilter;
 
-use crate::rest::ws::{PeerAddr, ShutdownSignal};
-use crate::transport::accept::accept_loop;
+use super::accept::accept_loop;
+use super::ws::{PeerAddr, ShutdownSignal};
 
 /// A TLS handshake that takes longer than this is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,8 +1,19 @@
 //! Transports: each turns a socket into an authenticated-later byte stream plus [`PeerInfo`]
 //! facts, and hands it to a protocol. The accept loop is shared.
 //!
+//! - [`accept`]: the accept loop, bounded by a semaphore taken before `accept`.
+//! - [`https`]: TLS, then HTTP/1.1 (hyper) with a warp route table: the REST API, and the
+//!   WebSocket upgrades of [`ws`].
+//! - [`mqtt_tls`]: MQTT over TLS on 8883.
+//! - [`ws`], [`ws_io`]: MQTT over WebSocket on 443, as a byte stream.
+//!
+//! Transports sit above the protocol adapters: they know which protocol a stream carries, the
+//! protocols never know which transport carries them.
+//!
 //! [`PeerInfo`]: crate::mqtt::connection::PeerInfo
 
 pub mod accept;
+pub mod https;
 pub mod mqtt_tls;
+pub mod ws;
 pub mod ws_io;

@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use tokio_util::sync::CancellationToken;
 use warp::{Filter, Rejection, Reply};
 
-use super::Context;
+use super::ws_io::WsIo;
+use crate::hub::HubContext;
 use crate::mqtt::connection::{self, PeerInfo, MAX_PACKET};
-use crate::transport::ws_io::WsIo;
 
 /// The client's address, put into each request's extensions by the HTTPS listener.
 #[derive(Debug, Clone, Copy)]
@@ -19,7 +19,7 @@ pub struct PeerAddr(pub SocketAddr);
 pub struct ShutdownSignal(pub CancellationToken);
 
 pub fn routes(
-    ctx: Context,
+    ctx: HubContext,
 ) -> impl Filter<Extract = (warp::reply::Response,), Error = Rejection> + Clone {
     warp::path!("$iothub" / "websocket")
         .and(warp::ws())
