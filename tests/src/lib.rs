@@ -1,5 +1,8 @@
-//! Testkit for end-to-end tests: starts the real `ferrohub` binary on ephemeral loopback ports
-//! in a temporary data directory and gives its addresses and owner credentials.
+//! Testkits: [`TestHub`] starts the real `ferrohub` binary on ephemeral loopback ports in a
+//! temporary data directory and gives its addresses and owner credentials; [`inproc`] runs the
+//! hub's services inside the test, on a clock the test can pause.
+
+pub mod inproc;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
