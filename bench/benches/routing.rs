@@ -22,6 +22,7 @@ use ferrohub_engine::model::UnixMillis;
 use ferrohub_engine::notifications::EventSource;
 use ferrohub_engine::routing::Route;
 use ferrohub_engine::{StorageError, Store, StoreConfig};
+use ferrohub_server::hub::routes::{load_router, StoreTwins};
 use ferrohub_server::routing::Router;
 
 const NOW: UnixMillis = UnixMillis(1_700_000_000_000);
@@ -103,7 +104,7 @@ fn routed_store(kind: &str, n: usize) -> (tempfile::TempDir, Store, Router) {
             Ok::<_, StorageError>(())
         })
         .expect("store routes");
-    let router = Router::load(&store, "bench-hub").expect("load router");
+    let router = load_router(&store, "bench-hub").expect("load router");
     (dir, store, router)
 }
 
@@ -115,7 +116,7 @@ fn route(c: &mut Criterion) {
             let (_dir, store, router) = routed_store(kind, n);
             // Sanity: the message goes to exactly one endpoint in every case.
             let routed = router.route(
-                &store,
+                &StoreTwins(&store),
                 message(),
                 None,
                 EventSource::DeviceMessages,
@@ -132,7 +133,13 @@ fn route(c: &mut Criterion) {
                 b.iter_batched(
                     || (input.clone(), ENQUEUED.to_string()),
                     |(event, enqueued)| {
-                        router.route(&store, event, None, EventSource::DeviceMessages, enqueued)
+                        router.route(
+                            &StoreTwins(&store),
+                            event,
+                            None,
+                            EventSource::DeviceMessages,
+                            enqueued,
+                        )
                     },
                     BatchSize::SmallInput,
                 )
