@@ -56,7 +56,7 @@ use std::path::Path;
 
 use parking_lot::Mutex;
 
-pub use error::{HubError, OpenError, RegistryError, StorageError, ValidationError};
+pub use error::{HubError, OpenError, RegistryError, StorageError, TwinError, ValidationError};
 pub use ferrohub_migrations::LATEST_VERSION as SCHEMA_VERSION;
 pub use model::UnixMillis;
 pub use raw::{CommitStats, Durability};

@@ -11,6 +11,7 @@
 //! - [`telemetry`]: device messages into stored events, with anti-spoofing stamps.
 //! - [`x509`]: client certificate checks (thumbprints, registered CAs).
 //! - [`rest`]: the IoT Hub service REST API.
+//! - [`error_codes`]: IoT Hub's status, error name and number for each engine error (REST, MQTT).
 //! - [`routing`]: routes, conditions, enrichments and non-telemetry events.
 //! - [`auth`]: SAS tokens, scopes and permissions.
 //! - [`hub`]: the async seam to the engine.
@@ -22,6 +23,7 @@
 pub mod auth;
 pub mod c2d_message;
 pub mod config;
+pub mod error_codes;
 pub mod https;
 pub mod hub;
 pub mod mqtt;
