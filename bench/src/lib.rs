@@ -1,10 +1,12 @@
-//! ferrohub load generation: a small MQTT 3.1.1 client over TLS, device registration through
-//! the REST API, and latency statistics. The `loadgen` binary drives them; criterion benches
+//! ferrohub load generation: a small MQTT 3.1.1 client over TLS ([`client`]), one small
+//! HTTP/1.1 client for the REST API ([`http`]), device registration through it ([`registry`]),
+//! and latency statistics. The `loadgen` binary drives them; criterion benches
 //! live in `benches/`.
 //!
 //! Every run is bounded: a fixed number of messages per device and an overall time limit.
 
 pub mod client;
+pub mod http;
 pub mod registry;
 pub mod segment;
 pub mod stats;

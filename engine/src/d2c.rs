@@ -22,6 +22,8 @@ use crate::error::{StorageError, ValidationError};
 use crate::keys;
 use crate::model::UnixMillis;
 use crate::raw::{Batch, Raw};
+use crate::slots::Endpoint;
+pub use crate::slots::{partition_of, EndpointSlot, MAX_PARTITIONS};
 use crate::Store;
 
 /// The consumer group every hub has and nobody can delete.
@@ -146,45 +148,24 @@ struct ConsumerGroupRecord {
 /// Locks held while a batch is staged and submitted: the endpoint list (read), so no endpoint
 /// named by the batch is deleted in between, and the partitions written.
 pub(crate) struct PartitionGuards<'a>(
-    #[allow(dead_code)] parking_lot::RwLockReadGuard<'a, Vec<crate::endpoints::Endpoint>>,
+    #[allow(dead_code)] parking_lot::RwLockReadGuard<'a, Vec<Endpoint>>,
     #[allow(dead_code)] Vec<(u16, parking_lot::MutexGuard<'a, PartitionHead>)>,
 );
-
-/// Every partition of every endpoint, by global partition number: the built-in endpoint's
-/// are `0..count`, a custom endpoint's are `base..base + partitions` (see [`crate::endpoints`]).
-pub const MAX_PARTITIONS: u16 = 256;
-
-/// Where an endpoint's partitions are in the global numbering.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EndpointSlot {
-    pub base: u16,
-    pub partitions: u16,
-    /// Random per created endpoint (0 for the built-in one): a slot of a deleted endpoint never
-    /// equals that of a later endpoint given the same partition range.
-    #[serde(default)]
-    pub id: u64,
-}
-
-impl EndpointSlot {
-    /// The global partition of a device's events in this endpoint.
-    pub fn partition_of(&self, device_id: &str) -> u16 {
-        self.base + partition_of(device_id, self.partitions)
-    }
-
-    pub fn contains(&self, global: u16) -> bool {
-        (self.base..self.base + self.partitions).contains(&global)
-    }
-}
 
 /// In-memory partition heads (all [`MAX_PARTITIONS`], loaded at open) and the endpoints.
 pub(crate) struct Partitions {
     heads: Vec<Mutex<PartitionHead>>,
     builtin: u16,
-    pub(crate) custom: parking_lot::RwLock<Vec<crate::endpoints::Endpoint>>,
+    pub(crate) custom: parking_lot::RwLock<Vec<Endpoint>>,
 }
 
 impl Partitions {
-    pub(crate) fn load(raw: &Raw, builtin: u16) -> Result<Partitions, StorageError> {
+    /// Loads every partition head; `builtin` and `custom` say which partitions exist.
+    pub(crate) fn load(
+        raw: &Raw,
+        builtin: u16,
+        custom: Vec<Endpoint>,
+    ) -> Result<Partitions, StorageError> {
         let mut heads = Vec::with_capacity(MAX_PARTITIONS as usize);
         for p in 0..MAX_PARTITIONS {
             let head: PartitionHead = raw
@@ -192,7 +173,6 @@ impl Partitions {
                 .unwrap_or_default();
             heads.push(Mutex::new(head));
         }
-        let custom = crate::endpoints::load(raw)?;
         Ok(Partitions {
             heads,
             builtin,
@@ -221,11 +201,6 @@ impl Partitions {
         }
         out
     }
-}
-
-/// The partition of a device: stable across versions and restarts.
-pub fn partition_of(device_id: &str, partition_count: u16) -> u16 {
-    (crc32fast::hash(device_id.as_bytes()) % partition_count.max(1) as u32) as u16
 }
 
 fn validate_group_name(name: &str) -> Result<(), ValidationError> {

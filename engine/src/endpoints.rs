@@ -4,7 +4,7 @@
 //!
 //! # Invariants
 //! - Every endpoint's partitions are a contiguous range of the global partition numbering
-//!   (`d2c::MAX_PARTITIONS`); ranges never overlap, and custom ranges start at
+//!   (`slots::MAX_PARTITIONS`); ranges never overlap, and custom ranges start at
 //!   [`CUSTOM_BASE`], above any built-in count.
 //! - Deleting an endpoint removes its events with one range delete per partition; partition
 //!   heads stay, so a range reused later continues its sequence numbers.
@@ -12,15 +12,15 @@
 //!   events it produced, and the routed notifications are deleted in that batch: a crash
 //!   neither loses nor repeats a non-telemetry event.
 
-use serde::{Deserialize, Serialize};
-
 use ferrohub_migrations::cf;
 
-use crate::d2c::{Appended, D2cError, EndpointSlot, NewEvent, MAX_PARTITIONS};
+use crate::d2c::{Appended, D2cError, NewEvent};
 use crate::error::{StorageError, ValidationError};
 use crate::keys;
 use crate::model::UnixMillis;
 use crate::raw::Raw;
+pub use crate::slots::Endpoint;
+use crate::slots::{EndpointSlot, MAX_PARTITIONS};
 use crate::Store;
 
 /// The built-in endpoint's name (IoT Hub's `events`).
@@ -32,14 +32,6 @@ pub const MAX_ENDPOINT_PARTITIONS: u16 = 32;
 
 const ENDPOINT_PREFIX: &[u8] = b"endpoint/";
 const ROUTER_CURSOR: &[u8] = b"router/next_notification";
-
-/// A custom endpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Endpoint {
-    pub name: String,
-    pub slot: EndpointSlot,
-    pub created: UnixMillis,
-}
 
 fn endpoint_key(name: &str) -> Vec<u8> {
     let mut k = ENDPOINT_PREFIX.to_vec();

@@ -70,6 +70,14 @@ impl ValidationError {
     }
 }
 
+/// An `If-Match` etag that is not the current one; each domain reports it as its own
+/// `EtagMismatch` variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EtagMismatch {
+    pub given: String,
+    pub current: String,
+}
+
 /// Registry operations (devices and modules).
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -97,6 +105,45 @@ pub enum RegistryError {
     Invalid(#[from] ValidationError),
     #[error(transparent)]
     Storage(#[from] StorageError),
+}
+
+impl From<EtagMismatch> for RegistryError {
+    fn from(EtagMismatch { given, current }: EtagMismatch) -> Self {
+        RegistryError::EtagMismatch { given, current }
+    }
+}
+
+/// Twin operations: reads, service-side patches and replacements, device-side reported patches.
+/// Messages are the registry's for the same conditions, so either layer words them alike.
+#[derive(Debug, thiserror::Error)]
+pub enum TwinError {
+    /// The device (`module_id` `None`) or module is not registered.
+    #[error("{}", not_registered(.device_id, .module_id.as_deref()))]
+    NotFound {
+        device_id: String,
+        module_id: Option<String>,
+    },
+    /// `If-Match` named another etag than the twin's; nothing was stored.
+    #[error("precondition failed: etag {given} does not match the current etag {current}")]
+    EtagMismatch { given: String, current: String },
+    /// The change breaks a TWN-7 rule (depth, size, names, value types); nothing was stored.
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+fn not_registered(device_id: &str, module_id: Option<&str>) -> String {
+    match module_id {
+        None => format!("device {device_id} not registered"),
+        Some(m) => format!("module {m} on device {device_id} not registered"),
+    }
+}
+
+impl From<EtagMismatch> for TwinError {
+    fn from(EtagMismatch { given, current }: EtagMismatch) -> Self {
+        TwinError::EtagMismatch { given, current }
+    }
 }
 
 /// Hub settings and policies.

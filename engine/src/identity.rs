@@ -25,7 +25,7 @@ use crate::model::{
 };
 use crate::notifications::{NotificationOp, PendingNotification};
 use crate::raw::Batch;
-use crate::twin::store::TwinRecord;
+use crate::twin::record::TwinRecord;
 use crate::Store;
 
 /// What a bulk item asks for (the `importMode` of IoT Hub).
@@ -515,11 +515,28 @@ impl Store {
     /// # Errors
     /// [`RegistryError::DeviceNotFound`] or storage errors (corruption included).
     pub fn get_device(&self, device_id: &str) -> Result<Identity, RegistryError> {
-        let device = self
-            .raw
-            .get_record(cf::DEVICES, &keys::device(device_id))?
-            .ok_or_else(|| RegistryError::DeviceNotFound(device_id.to_string()))?;
-        Ok(self.with_queue_depth(device)?)
+        self.find_identity(device_id, None)?
+            .ok_or_else(|| RegistryError::DeviceNotFound(device_id.to_string()))
+    }
+
+    /// A device (`module_id` `None`) or module as [`Store::get_device`] and
+    /// [`Store::get_module`] return it, or `None` when it is not registered: for callers that
+    /// report "not found" in their own error type.
+    pub(crate) fn find_identity(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+    ) -> Result<Option<Identity>, StorageError> {
+        match module_id {
+            None => self
+                .raw
+                .get_record(cf::DEVICES, &keys::device(device_id))?
+                .map(|device| self.with_queue_depth(device))
+                .transpose(),
+            Some(m) => self
+                .raw
+                .get_record(cf::MODULES, &keys::module(device_id, m)),
+        }
     }
 
     /// `cloudToDeviceMessageCount` is the device's C2D queue depth now; it is read with the
@@ -612,8 +629,7 @@ impl Store {
     /// # Errors
     /// [`RegistryError::ModuleNotFound`] or storage errors.
     pub fn get_module(&self, device_id: &str, module_id: &str) -> Result<Identity, RegistryError> {
-        self.raw
-            .get_record(cf::MODULES, &keys::module(device_id, module_id))?
+        self.find_identity(device_id, Some(module_id))?
             .ok_or_else(|| RegistryError::ModuleNotFound {
                 device_id: device_id.into(),
                 module_id: module_id.into(),

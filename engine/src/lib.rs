@@ -10,6 +10,8 @@
 //! - [`c2d`]: cloud-to-device queues, locks, expiry, dead letters and feedback.
 //! - [`endpoints`]: custom endpoints (more partitioned streams) and the routed append.
 //! - [`d2c`]: device-to-cloud partitions, consumer groups, checkpoints, retention.
+//! - `slots` (private, re-exported by `d2c` and `endpoints`): the global partition numbering
+//!   both share.
 //! - [`sessions`]: persistent MQTT sessions (subscriptions per client id).
 //! - [`notifications`]: the outbox of non-telemetry events (twin, lifecycle, connection).
 //! - [`routing`]: routes, the fallback route and enrichments (stored configuration).
@@ -46,6 +48,7 @@ pub mod notifications;
 mod raw;
 pub mod routing;
 pub mod sessions;
+mod slots;
 mod stripes;
 pub mod twin;
 
@@ -53,7 +56,7 @@ use std::path::Path;
 
 use parking_lot::Mutex;
 
-pub use error::{HubError, OpenError, RegistryError, StorageError, ValidationError};
+pub use error::{HubError, OpenError, RegistryError, StorageError, TwinError, ValidationError};
 pub use ferrohub_migrations::LATEST_VERSION as SCHEMA_VERSION;
 pub use model::UnixMillis;
 pub use raw::{CommitHold, CommitStats, Durability};
@@ -121,6 +124,31 @@ fn next_feedback_sequence(raw: &raw::Raw, version: u32) -> Result<u64, StorageEr
     })
 }
 
+/// The built-in endpoint's partition count as recorded when the hub was created, if it was.
+fn stored_partition_count(raw: &raw::Raw) -> Result<Option<u16>, StorageError> {
+    raw.get_record::<u16>(
+        ferrohub_migrations::cf::D2C_STATE,
+        keys::d2c::PARTITION_COUNT,
+    )
+}
+
+/// The built-in partition count; a new hub records `requested` (1 to 32) once, and an existing
+/// hub keeps the count it was created with.
+fn builtin_partition_count(raw: &raw::Raw, requested: u16) -> Result<u16, StorageError> {
+    if let Some(n) = stored_partition_count(raw)? {
+        return Ok(n);
+    }
+    let n = requested.clamp(1, 32);
+    let mut batch = raw::Batch::default();
+    batch.put_record(
+        ferrohub_migrations::cf::D2C_STATE,
+        keys::d2c::PARTITION_COUNT.to_vec(),
+        &n,
+    );
+    raw.commit(batch)?;
+    Ok(n)
+}
+
 impl Store {
     /// Opens or creates the database in `path` and brings its schema to [`SCHEMA_VERSION`].
     ///
@@ -140,28 +168,42 @@ impl Store {
         version: u32,
     ) -> Result<Store, OpenError> {
         let raw = raw::Raw::open(path, config.durability, config.commit_queue_depth, version)?;
-        let partitions = if version >= 3 {
-            let count = match raw.get_record::<u16>(
-                ferrohub_migrations::cf::D2C_STATE,
-                keys::d2c::PARTITION_COUNT,
-            )? {
-                Some(n) => n,
-                None => {
-                    let n = config.d2c_partitions.clamp(1, 32);
-                    let mut batch = raw::Batch::default();
-                    batch.put_record(
-                        ferrohub_migrations::cf::D2C_STATE,
-                        keys::d2c::PARTITION_COUNT.to_vec(),
-                        &n,
-                    );
-                    raw.commit(batch)?;
-                    n
-                }
-            };
-            d2c::Partitions::load(&raw, count)?
+        // Before version 3 there are no D2C partitions (and no column family to record them).
+        let partition_count = if version >= 3 {
+            builtin_partition_count(&raw, config.d2c_partitions)?
         } else {
-            d2c::Partitions::load(&raw, 0)?
+            0
         };
+        Ok(Self::from_raw(
+            raw,
+            partition_count,
+            version,
+            config.commit_queue_depth,
+        )?)
+    }
+
+    /// Opens an existing, current database read-only; works while another process serves it.
+    ///
+    /// # Errors
+    /// [`OpenError`] when there is no database, or it is not at [`SCHEMA_VERSION`].
+    pub fn open_read_only(path: &Path) -> Result<Store, OpenError> {
+        let raw = raw::Raw::open_read_only(path)?;
+        // Read-only: a hub that never recorded its count has no partitions to read.
+        let partition_count = stored_partition_count(&raw)?.unwrap_or(0);
+        Ok(Self::from_raw(raw, partition_count, SCHEMA_VERSION, 0)?)
+    }
+
+    /// The one constructor: loads what the engine keeps in memory (partition heads and
+    /// endpoints, the next notification and feedback sequence numbers) from a database already
+    /// at `version`. `commit_queue_depth` is 0 for a read-only store, which commits nothing.
+    fn from_raw(
+        raw: raw::Raw,
+        partition_count: u16,
+        version: u32,
+        commit_queue_depth: usize,
+    ) -> Result<Store, StorageError> {
+        let custom_endpoints = endpoints::load(&raw)?;
+        let partitions = d2c::Partitions::load(&raw, partition_count, custom_endpoints)?;
         let twin_sequence = Mutex::new(next_twin_sequence(&raw, version)?);
         let feedback_sequence = next_feedback_sequence(&raw, version)?.into();
         Ok(Store {
@@ -173,35 +215,7 @@ impl Store {
             feedback_sequence,
             feedback_lock: Mutex::new(()),
             notification_hook: Default::default(),
-            commit_queue_depth: config.commit_queue_depth,
-        })
-    }
-
-    /// Opens an existing, current database read-only; works while another process serves it.
-    ///
-    /// # Errors
-    /// [`OpenError`] when there is no database, or it is not at [`SCHEMA_VERSION`].
-    pub fn open_read_only(path: &Path) -> Result<Store, OpenError> {
-        let raw = raw::Raw::open_read_only(path)?;
-        let count = raw
-            .get_record::<u16>(
-                ferrohub_migrations::cf::D2C_STATE,
-                keys::d2c::PARTITION_COUNT,
-            )?
-            .unwrap_or(0);
-        let partitions = d2c::Partitions::load(&raw, count)?;
-        let twin_sequence = Mutex::new(next_twin_sequence(&raw, SCHEMA_VERSION)?);
-        let feedback_sequence = next_feedback_sequence(&raw, SCHEMA_VERSION)?.into();
-        Ok(Store {
-            raw,
-            stripes: stripes::Stripes::new(),
-            partitions,
-            twin_sequence,
-            hub_lock: Mutex::new(()),
-            feedback_sequence,
-            feedback_lock: Mutex::new(()),
-            notification_hook: Default::default(),
-            commit_queue_depth: 0,
+            commit_queue_depth,
         })
     }
 

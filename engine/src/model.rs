@@ -300,11 +300,11 @@ pub enum IfMatch {
 }
 
 impl IfMatch {
-    pub(crate) fn check(&self, current: &str) -> Result<(), crate::error::RegistryError> {
+    pub(crate) fn check(&self, current: &str) -> Result<(), crate::error::EtagMismatch> {
         match self {
             IfMatch::Any => Ok(()),
             IfMatch::Etag(e) if e == current => Ok(()),
-            IfMatch::Etag(e) => Err(crate::error::RegistryError::EtagMismatch {
+            IfMatch::Etag(e) => Err(crate::error::EtagMismatch {
                 given: e.clone(),
                 current: current.to_string(),
             }),

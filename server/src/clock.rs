@@ -21,7 +21,10 @@ pub struct Clock(Arc<Source>);
 
 enum Source {
     System,
-    Tokio { start_wall: UnixMillis, start: Instant },
+    Tokio {
+        start_wall: UnixMillis,
+        start: Instant,
+    },
 }
 
 impl Clock {
@@ -87,7 +90,10 @@ mod tests {
 
     #[test]
     fn iso7_has_seven_fraction_digits() {
-        assert_eq!(iso7(UnixMillis(1_654_122_470_261)), "2022-06-01T22:27:50.2610000Z");
+        assert_eq!(
+            iso7(UnixMillis(1_654_122_470_261)),
+            "2022-06-01T22:27:50.2610000Z"
+        );
         assert_eq!(iso7(UnixMillis(0)), "1970-01-01T00:00:00.0000000Z");
     }
 

@@ -22,6 +22,7 @@
 //! - [`telemetry`]: device messages into stored events, with anti-spoofing stamps.
 //! - [`x509`]: client certificate checks (thumbprints, registered CAs).
 //! - [`rest`]: the IoT Hub service REST API.
+//! - [`error_codes`]: IoT Hub's status, error name and number for each engine error (REST, MQTT).
 //! - [`routing`]: routes, conditions, enrichments and event shapes (pure).
 //! - [`auth`]: SAS tokens, scopes and permissions.
 //! - [`hub`]: shared hub state, the authenticator and the async seam to the engine.
@@ -34,6 +35,7 @@ pub mod auth;
 pub mod c2d_message;
 pub mod clock;
 pub mod config;
+pub mod error_codes;
 pub mod hub;
 pub mod ids;
 pub mod mqtt;

@@ -20,9 +20,9 @@ use tokio_util::task::TaskTracker;
 use crate::clock::Clock;
 use crate::config::{Config, ConfigError, DurabilitySetting};
 use crate::hub::{self, Authenticator, Connections, D2cNotify, HubContext, StoreHandle};
+use crate::rest;
 use crate::tls::{self, TlsError, TlsPaths};
 use crate::transport::{https, mqtt_tls};
-use crate::rest;
 use warp::Filter;
 
 /// How long shutdown waits for open connections before closing the store anyway.
@@ -138,7 +138,11 @@ impl Services {
         let handle = StoreHandle::new(Arc::clone(&store));
         let notifications_wake = Arc::new(tokio::sync::Notify::new());
         let (routing, next_sequences) = {
-            let (section, hub_name, now) = (config.routing.clone(), settings.hub_name.clone(), clock.now());
+            let (section, hub_name, now) = (
+                config.routing.clone(),
+                settings.hub_name.clone(),
+                clock.now(),
+            );
             let wake = Arc::clone(&notifications_wake);
             handle
                 .run(move |s| {

@@ -13,6 +13,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("mqtt", 6),
     ("rest", 6),
     ("hub", 5),
+    ("error_codes", 4),
     ("routing", 3),
     ("auth", 3),
     ("telemetry", 3),
@@ -95,7 +96,9 @@ fn every_import_goes_down_a_layer() {
 #[test]
 fn the_check_sees_an_upward_import() {
     assert_eq!(
-        crate_references("use crate::hub::HubContext; // crate::rest\nfn f() { crate::clock::iso7(x) }"),
+        crate_references(
+            "use crate::hub::HubContext; // crate::rest\nfn f() { crate::clock::iso7(x) }"
+        ),
         vec!["hub".to_string(), "clock".to_string()]
     );
 }

@@ -54,8 +54,9 @@ impl InProcHub {
             let (path, config, clock) = (dir.path().to_path_buf(), config.clone(), clock.clone());
             tokio::task::spawn_blocking(move || {
                 let store = Store::open(&path.join("db"), engine).expect("store opens");
-                let (settings, _) = ferrohub_server::node::initialise_settings(&store, &config, &clock)
-                    .expect("hub initialises");
+                let (settings, _) =
+                    ferrohub_server::node::initialise_settings(&store, &config, &clock)
+                        .expect("hub initialises");
                 (Arc::new(store), settings)
             })
             .await
@@ -214,8 +215,7 @@ impl MqttClient {
 
     /// Publishes telemetry at QoS 1.
     pub async fn publish_telemetry(&mut self, device_id: &str, pkid: u16, body: &[u8]) {
-        let topic = TopicName::new(format!("devices/{device_id}/messages/events/"))
-            .expect("topic");
+        let topic = TopicName::new(format!("devices/{device_id}/messages/events/")).expect("topic");
         self.send(PublishPacket::new(
             topic,
             QoSWithPacketIdentifier::Level1(pkid),

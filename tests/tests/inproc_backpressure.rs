@@ -29,7 +29,10 @@ async fn a_full_commit_queue_stalls_the_writer_not_the_runtime() {
     }
     // The writer's messages wait for the disk; nothing is acknowledged yet.
     assert!(
-        writer.recv_within(Duration::from_millis(300)).await.is_none(),
+        writer
+            .recv_within(Duration::from_millis(300))
+            .await
+            .is_none(),
         "no PUBACK while writes are held"
     );
     // Everyone else is still served.

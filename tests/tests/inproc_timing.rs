@@ -21,7 +21,10 @@ async fn a_silent_client_is_dropped_at_one_and_a_half_keep_alives() {
     let key = hub.create_device("d1").await;
     let mut c = hub.connect("d1", &key, 2).await;
     let start = Instant::now();
-    assert!(c.recv().await.is_none(), "the hub closes a silent connection");
+    assert!(
+        c.recv().await.is_none(),
+        "the hub closes a silent connection"
+    );
     let waited = start.elapsed();
     assert!(
         waited >= ms(3000) && waited < ms(3050),
@@ -76,7 +79,9 @@ async fn an_unacknowledged_c2d_message_is_redelivered_when_its_lock_expires() {
     // Completed: the queue is empty once the completion is durable.
     let mut depth = None;
     for _ in 0..50 {
-        let (_, device) = hub.rest("GET", "/devices/d1?api-version=2021-04-12", None).await;
+        let (_, device) = hub
+            .rest("GET", "/devices/d1?api-version=2021-04-12", None)
+            .await;
         depth = device["cloudToDeviceMessageCount"].as_u64();
         if depth == Some(0) {
             break;

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 
 use base64::Engine as _;
+use ferrohub_bench::http::HttpsConnection;
 use ferrohub_bench::{client, registry};
 use ferrohub_tests::TestHub;
 use futures::{SinkExt, StreamExt};
@@ -73,12 +74,15 @@ async fn pipelined_publishes_keep_their_order() -> anyhow::Result<()> {
     }
 
     let token = hub.token("iothubowner");
-    let port = hub.https_port;
-    let get = |path: String| {
-        let (tls, token) = (&tls, &token);
-        async move { registry::request(tls, "localhost", port, "GET", &path, token, b"").await }
-    };
-    let (status, body) = get("/events/partitions?api-version=2021-04-12".into()).await?;
+    let mut http = HttpsConnection::connect(&tls, "localhost", hub.https_port).await?;
+    let (status, body) = http
+        .request(
+            "GET",
+            "/events/partitions?api-version=2021-04-12",
+            &token,
+            b"",
+        )
+        .await?;
     assert_eq!(status, 200);
     let partitions: serde_json::Value = serde_json::from_slice(&body)?;
     let mut bodies = Vec::new();
@@ -87,7 +91,7 @@ async fn pipelined_publishes_keep_their_order() -> anyhow::Result<()> {
         let mut seq = 0u64;
         loop {
             let path = format!("/events/consumergroups/$Default/partitions/{pid}/messages?sequenceNumber={seq}&max=1000");
-            let (status, body) = get(path).await?;
+            let (status, body) = http.request("GET", &path, &token, b"").await?;
             assert_eq!(status, 200);
             let batch: serde_json::Value = serde_json::from_slice(&body)?;
             let events = batch["events"].as_array().expect("events");

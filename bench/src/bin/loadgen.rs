@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
+use ferrohub_bench::http::HttpsConnection;
 use ferrohub_bench::{client, registry, stats};
 use ferrohub_server::auth::sas;
 use futures::{SinkExt, StreamExt};
@@ -332,7 +333,7 @@ async fn run_methods(
         answer,
     );
     // Wait until every device's subscription is in place: a call to the last one succeeds.
-    let mut probe = registry::KeepAlive::connect(&tls, &args.host, args.https_port).await?;
+    let mut probe = HttpsConnection::connect(&tls, &args.host, args.https_port).await?;
     let body = br#"{"methodName":"probe","payload":null,"responseTimeoutInSeconds":30,"connectTimeoutInSeconds":60}"#;
     for id in &ids {
         let (status, text) = probe
@@ -363,7 +364,7 @@ async fn run_methods(
                 owner_token.clone(),
             );
             tokio::spawn(async move {
-                let mut http = registry::KeepAlive::connect(&tls, &args.host, args.https_port)
+                let mut http = HttpsConnection::connect(&tls, &args.host, args.https_port)
                     .await
                     .map_err(|e| e.to_string())?;
                 let mut latencies = Vec::new();
@@ -527,7 +528,7 @@ async fn run_c2d(
                 owner_token.clone(),
             );
             tokio::spawn(async move {
-                let mut http = registry::KeepAlive::connect(&tls, &args.host, args.https_port)
+                let mut http = HttpsConnection::connect(&tls, &args.host, args.https_port)
                     .await
                     .map_err(|e| e.to_string())?;
                 loop {

@@ -87,10 +87,7 @@ impl Shared {
     fn wait_while_held(&self) {
         let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
         while *holds > 0 {
-            holds = self
-                .released
-                .wait(holds)
-                .unwrap_or_else(|p| p.into_inner());
+            holds = self.released.wait(holds).unwrap_or_else(|p| p.into_inner());
         }
     }
 }

@@ -21,9 +21,9 @@ use serde::de::DeserializeOwned;
 
 pub use commit::CommitCallback;
 pub use commit::CommitStats;
-pub use commit::{CommitHold, DEFAULT_QUEUE_DEPTH};
 use commit::Committer;
 pub(crate) use commit::Ticket;
+pub use commit::{CommitHold, DEFAULT_QUEUE_DEPTH};
 
 use crate::error::{KeyDisplay, OpenError, StorageError};
 

@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 use super::document::Section;
-use super::store::TwinRecord;
+use super::record::TwinRecord;
 use crate::model::{Identity, UnixMillis};
 
 /// The changed members of a section with their metadata and the section's `$version`.

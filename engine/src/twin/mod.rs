@@ -1,8 +1,10 @@
 //! Twin documents (TWN-1..TWN-7): the rules of a section — limits, merge patches, versions and
-//! per-node metadata — as pure functions over JSON ([`document`], [`limits`]), and twins stored
-//! with their identities ([`store`]).
+//! per-node metadata — as pure functions over JSON ([`document`], [`limits`]), the twin as data
+//! ([`record`]), twins stored with their identities ([`store`]) and their change bodies
+//! ([`changes`]). Imports go one way: `store` → `changes` → `record` → `document`.
 
 pub mod changes;
 pub mod document;
 pub mod limits;
+pub mod record;
 pub mod store;

@@ -10,51 +10,19 @@
 //!   result.
 //! - Read-modify-write runs under the device's stripe lock, like every registry write.
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use ferrohub_migrations::cf;
 
 use super::changes;
-use super::document::{json_text, Section};
 use super::limits::{check_section, check_size, SectionKind};
-use crate::error::{RegistryError, StorageError};
+pub use super::record::{Twin, TwinRecord};
+use crate::error::{StorageError, TwinError};
 use crate::keys;
 use crate::model::{next_etag, Identity, IfMatch, UnixMillis};
 use crate::notifications::{NotificationOp as TwinOp, PendingNotification};
 use crate::raw::Batch;
 use crate::Store;
-
-/// A stored twin (identity fields come from the identity record).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TwinRecord {
-    #[serde(with = "json_text")]
-    pub tags: Map<String, Value>,
-    pub desired: Section,
-    pub reported: Section,
-    pub version: u64,
-    pub etag: String,
-}
-
-impl TwinRecord {
-    /// The twin of a new identity.
-    pub fn empty(created: UnixMillis) -> Self {
-        TwinRecord {
-            tags: Map::new(),
-            desired: Section::new(created),
-            reported: Section::new(created),
-            version: 1,
-            etag: next_etag(None),
-        }
-    }
-}
-
-/// A twin with the identity it belongs to.
-#[derive(Debug, Clone)]
-pub struct Twin {
-    pub identity: Identity,
-    pub record: TwinRecord,
-}
 
 /// What a service-side write asks for: `None` leaves a part alone.
 #[derive(Debug, Clone, Default)]
@@ -80,20 +48,17 @@ struct Applied {
     body: Map<String, Value>,
 }
 
-fn invalid(e: crate::error::ValidationError) -> RegistryError {
-    RegistryError::Invalid(e)
-}
-
 impl Store {
     fn load_identity(
         &self,
         device_id: &str,
         module_id: Option<&str>,
-    ) -> Result<Identity, RegistryError> {
-        match module_id {
-            Some(m) => self.get_module(device_id, m),
-            None => self.get_device(device_id),
-        }
+    ) -> Result<Identity, TwinError> {
+        self.find_identity(device_id, module_id)?
+            .ok_or_else(|| TwinError::NotFound {
+                device_id: device_id.to_string(),
+                module_id: module_id.map(str::to_string),
+            })
     }
 
     pub(crate) fn load_twin_record(&self, identity: &Identity) -> Result<TwinRecord, StorageError> {
@@ -110,12 +75,8 @@ impl Store {
     /// The twin of a device (`module_id` `None`) or module.
     ///
     /// # Errors
-    /// [`RegistryError::DeviceNotFound`], [`RegistryError::ModuleNotFound`] or storage errors.
-    pub fn get_twin(
-        &self,
-        device_id: &str,
-        module_id: Option<&str>,
-    ) -> Result<Twin, RegistryError> {
+    /// [`TwinError::NotFound`] or storage errors.
+    pub fn get_twin(&self, device_id: &str, module_id: Option<&str>) -> Result<Twin, TwinError> {
         let identity = self.load_identity(device_id, module_id)?;
         let record = self.load_twin_record(&identity)?;
         Ok(Twin { identity, record })
@@ -126,9 +87,9 @@ impl Store {
         device_id: &str,
         module_id: Option<&str>,
         if_match: &IfMatch,
-        change: impl FnOnce(&mut TwinRecord, UnixMillis) -> Result<Applied, RegistryError>,
+        change: impl FnOnce(&mut TwinRecord, UnixMillis) -> Result<Applied, TwinError>,
         now: UnixMillis,
-    ) -> Result<TwinOutcome, RegistryError> {
+    ) -> Result<TwinOutcome, TwinError> {
         let _guard = self.stripes.lock(device_id);
         let identity = self.load_identity(device_id, module_id)?;
         let mut record = self.load_twin_record(&identity)?;
@@ -138,9 +99,9 @@ impl Store {
             op,
             mut body,
         } = change(&mut record, now)?;
-        check_size(SectionKind::Tags, &record.tags).map_err(invalid)?;
-        check_size(SectionKind::Desired, &record.desired.body).map_err(invalid)?;
-        check_size(SectionKind::Reported, &record.reported.body).map_err(invalid)?;
+        check_size(SectionKind::Tags, &record.tags)?;
+        check_size(SectionKind::Desired, &record.desired.body)?;
+        check_size(SectionKind::Reported, &record.reported.body)?;
         record.version += 1;
         record.etag = next_etag(Some(&record.etag));
         if op == TwinOp::ReplaceTwin {
@@ -167,7 +128,7 @@ impl Store {
     /// Service-side partial update (PATCH): tags and desired merge (`null` removes).
     ///
     /// # Errors
-    /// Not found, [`RegistryError::EtagMismatch`], [`RegistryError::Invalid`] (TWN-7) or storage;
+    /// Not found, [`TwinError::EtagMismatch`], [`TwinError::Invalid`] (TWN-7) or storage;
     /// on any error nothing is stored.
     pub fn update_twin(
         &self,
@@ -176,7 +137,7 @@ impl Store {
         write: &TwinWrite,
         if_match: &IfMatch,
         now: UnixMillis,
-    ) -> Result<TwinOutcome, RegistryError> {
+    ) -> Result<TwinOutcome, TwinError> {
         self.service_write(device_id, module_id, write, if_match, now, true)
     }
 
@@ -191,7 +152,7 @@ impl Store {
         write: &TwinWrite,
         if_match: &IfMatch,
         now: UnixMillis,
-    ) -> Result<TwinOutcome, RegistryError> {
+    ) -> Result<TwinOutcome, TwinError> {
         self.service_write(device_id, module_id, write, if_match, now, false)
     }
 
@@ -204,12 +165,12 @@ impl Store {
         if_match: &IfMatch,
         now: UnixMillis,
         merge: bool,
-    ) -> Result<TwinOutcome, RegistryError> {
+    ) -> Result<TwinOutcome, TwinError> {
         if let Some(t) = &write.tags {
-            check_section(SectionKind::Tags, t, merge).map_err(invalid)?;
+            check_section(SectionKind::Tags, t, merge)?;
         }
         if let Some(d) = &write.desired {
-            check_section(SectionKind::Desired, d, merge).map_err(invalid)?;
+            check_section(SectionKind::Desired, d, merge)?;
         }
         self.write_twin(
             device_id,
@@ -266,15 +227,15 @@ impl Store {
     /// Device-side reported patch; returns the new reported `$version`.
     ///
     /// # Errors
-    /// Not found, [`RegistryError::Invalid`] (TWN-7) or storage; on error nothing is stored.
+    /// Not found, [`TwinError::Invalid`] (TWN-7) or storage; on error nothing is stored.
     pub fn patch_reported(
         &self,
         device_id: &str,
         module_id: Option<&str>,
         patch: &Map<String, Value>,
         now: UnixMillis,
-    ) -> Result<u64, RegistryError> {
-        check_section(SectionKind::Reported, patch, true).map_err(invalid)?;
+    ) -> Result<u64, TwinError> {
+        check_section(SectionKind::Reported, patch, true)?;
         let outcome = self.write_twin(
             device_id,
             module_id,

@@ -56,7 +56,11 @@ struct Lane {
 pub struct AppendLane(Arc<Lane>);
 
 impl AppendLane {
-    pub(super) fn new(store: Arc<Store>, admission: Arc<Semaphore>, readers: Arc<D2cNotify>) -> Self {
+    pub(super) fn new(
+        store: Arc<Store>,
+        admission: Arc<Semaphore>,
+        readers: Arc<D2cNotify>,
+    ) -> Self {
         AppendLane(Arc::new(Lane {
             store,
             admission,

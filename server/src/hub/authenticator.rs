@@ -211,9 +211,9 @@ impl Authenticator {
                     .map_err(|e| refuse(e.to_string()))?;
                 Ok(AuthMethod::X509Ca)
             }
-            AuthType::Sas | AuthType::None => Err(refuse(format!(
-                "{who} does not use X.509 authentication"
-            ))),
+            AuthType::Sas | AuthType::None => {
+                Err(refuse(format!("{who} does not use X.509 authentication")))
+            }
         }
     }
 }

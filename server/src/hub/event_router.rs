@@ -14,8 +14,8 @@ use ferrohub_engine::d2c::NewEvent;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::routes::StoreTwins;
 use super::context::HubContext;
+use super::routes::StoreTwins;
 use crate::clock::iso7;
 use crate::routing::events::to_event;
 
@@ -50,7 +50,13 @@ pub async fn run(ctx: HubContext, wake: Arc<Notify>, shutdown: CancellationToken
                     .iter()
                     .flat_map(|n| {
                         let event = to_event(n, router.hub_name());
-                        router.route(&StoreTwins(s), event, n.module_id.as_deref(), n.op.source(), iso7(at))
+                        router.route(
+                            &StoreTwins(s),
+                            event,
+                            n.module_id.as_deref(),
+                            n.op.source(),
+                            iso7(at),
+                        )
                     })
                     .filter(|e| e.endpoints.as_ref().is_none_or(|v| !v.is_empty()))
                     .collect();
@@ -82,4 +88,3 @@ pub async fn run(ctx: HubContext, wake: Arc<Notify>, shutdown: CancellationToken
         }
     }
 }
-

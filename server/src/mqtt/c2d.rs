@@ -29,8 +29,8 @@ use tokio::time::Instant;
 use super::property_bag;
 use crate::c2d_message;
 use crate::clock::Clock;
-use crate::ids::DeviceId;
 use crate::hub::HubContext;
+use crate::ids::DeviceId;
 
 /// Messages locked for one connection at a time.
 pub const WINDOW: usize = 16;

@@ -7,7 +7,7 @@
 //! answers keep the order of requests. A failure is an error status to the device, never a
 //! closed connection.
 
-use ferrohub_engine::RegistryError;
+use ferrohub_engine::TwinError;
 use mqtt::packet::{PubackPacket, PublishPacket, QoSWithPacketIdentifier, VariablePacket};
 use mqtt::TopicName;
 use serde_json::{Map, Value};
@@ -47,13 +47,9 @@ fn section(body: &Map<String, Value>, version: u64) -> Value {
     Value::Object(out)
 }
 
-fn status_of(e: &RegistryError) -> u16 {
-    match e {
-        RegistryError::Invalid(_) => 400,
-        RegistryError::DeviceNotFound(_) | RegistryError::ModuleNotFound { .. } => 404,
-        RegistryError::EtagMismatch { .. } => 412,
-        _ => 500,
-    }
+/// The REST status of the same failure (`crate::error_codes`), so both protocols agree.
+fn status_of(e: &TwinError) -> u16 {
+    crate::error_codes::twin(e).0.as_u16()
 }
 
 fn answer(pkid: Option<u16>, topic: String, body: Vec<u8>) -> Packets {

@@ -14,17 +14,17 @@ use ferrohub_engine::c2d::{
 use ferrohub_engine::model::Status;
 use ferrohub_engine::UnixMillis;
 use serde::Serialize;
-use warp::http::{HeaderMap, HeaderValue, Response, StatusCode};
-use warp::{Filter, Rejection, Reply};
+use warp::filters::BoxedFilter;
+use warp::http::{HeaderMap, HeaderValue};
+use warp::{Filter, Rejection};
 
 use super::error::ApiError;
-use super::{authenticated, Context, PathId};
+use super::reply::{json, no_content, one_of, Handled, Response};
+use super::{caller, Context, PathId};
 use crate::auth::{AuthError, Permission, Principal};
 use crate::c2d_message::{self, MAX_C2D_BYTES};
 
 const FEEDBACK_CONTENT_TYPE: &str = "application/vnd.microsoft.iothub.feedback.json";
-
-type Reply_ = Result<warp::reply::Response, Rejection>;
 
 /// `deviceBound` as IoT Hub spells it, or all lower case (the SDKs use both).
 fn device_bound() -> impl Filter<Extract = (), Error = Rejection> + Clone {
@@ -43,100 +43,41 @@ fn feedback_path() -> impl Filter<Extract = (), Error = Rejection> + Clone {
         .and(warp::path("feedback"))
 }
 
-pub fn routes(
-    ctx: Context,
-) -> impl Filter<Extract = (warp::reply::Response,), Error = Rejection> + Clone {
-    let queue = warp::path("devices")
-        .and(warp::path::param::<PathId>())
-        .and(warp::path("messages"))
-        .and(device_bound());
-    let c = ctx.clone();
-    let send = queue
-        .clone()
-        .and(warp::path::end())
-        .and(warp::post())
-        .and(authenticated(ctx.clone()))
-        .and(warp::header::headers_cloned())
-        // Read well past the limit so an oversized message gets a 413 body, not a reset.
-        .and(warp::body::content_length_limit(super::MAX_BODY_BYTES))
-        .and(warp::body::bytes())
-        .and_then(move |id: PathId, p, h, b| send(c.clone(), id.0, p, h, b));
-    let c = ctx.clone();
-    let receive = queue
-        .clone()
-        .and(warp::path::end())
-        .and(warp::get())
-        .and(authenticated(ctx.clone()))
-        .and_then(move |id: PathId, p| receive(c.clone(), id.0, p));
-    let c = ctx.clone();
-    let complete = queue
-        .clone()
-        .and(warp::path::param::<PathId>())
-        .and(warp::path::end())
-        .and(warp::delete())
-        .and(authenticated(ctx.clone()))
-        .and(warp::query::raw().or(warp::any().map(String::new)).unify())
-        .and_then(move |id: PathId, token: PathId, p, q: String| {
-            let reject = q
-                .split('&')
-                .any(|kv| kv == "reject" || kv.starts_with("reject="));
-            let action = if reject {
-                Settle::Reject
-            } else {
-                Settle::Complete
-            };
-            settle(c.clone(), id.0, token.0, p, action)
-        });
-    let c = ctx.clone();
-    let abandon = queue
-        .and(warp::path::param::<PathId>())
-        .and(warp::path("abandon"))
-        .and(warp::path::end())
-        .and(warp::post())
-        .and(authenticated(ctx.clone()))
-        .and_then(move |id: PathId, token: PathId, p| {
-            settle(c.clone(), id.0, token.0, p, Settle::Abandon)
-        });
-    let c = ctx.clone();
-    let purge = warp::path!("devices" / PathId / "commands")
-        .and(warp::delete())
-        .and(authenticated(ctx.clone()))
-        .and_then(move |id: PathId, p| purge(c.clone(), id.0, p));
-    let c = ctx.clone();
-    let feedback_receive = feedback_path()
-        .and(warp::path::end())
-        .and(warp::get())
-        .and(authenticated(ctx.clone()))
-        .and_then(move |p| receive_feedback(c.clone(), p));
-    let c = ctx.clone();
-    let feedback_complete = feedback_path()
-        .and(warp::path::param::<PathId>())
-        .and(warp::path::end())
-        .and(warp::delete())
-        .and(authenticated(ctx.clone()))
-        .and_then(move |token: PathId, p| settle_feedback(c.clone(), token.0, p, Settle::Complete));
-    let c = ctx.clone();
-    let feedback_abandon = feedback_path()
-        .and(warp::path::param::<PathId>())
-        .and(warp::path("abandon"))
-        .and(warp::path::end())
-        .and(warp::post())
-        .and(authenticated(ctx))
-        .and_then(move |token: PathId, p| settle_feedback(c.clone(), token.0, p, Settle::Abandon));
-    send.or(receive)
-        .unify()
-        .or(complete)
-        .unify()
-        .or(abandon)
-        .unify()
-        .or(purge)
-        .unify()
-        .or(feedback_receive)
-        .unify()
-        .or(feedback_complete)
-        .unify()
-        .or(feedback_abandon)
-        .unify()
+/// `?reject` (with or without a value) turns a completion into a rejection.
+fn settle_action() -> impl Filter<Extract = (Settle,), Error = std::convert::Infallible> + Clone {
+    let query = warp::query::raw().or(warp::any().map(String::new)).unify();
+    query.map(|q: String| {
+        let reject = q
+            .split('&')
+            .any(|kv| kv == "reject" || kv.starts_with("reject="));
+        if reject {
+            Settle::Reject
+        } else {
+            Settle::Complete
+        }
+    })
+}
+
+/// The C2D route table: path, method, inputs, handler. Device-side routes take the device's
+/// queue path; the service's feedback routes take the hub-wide feedback queue's.
+#[rustfmt::skip]
+pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
+    let caller = || caller(ctx.clone());
+    let queue = || warp::path("devices").and(warp::path::param::<PathId>()).and(warp::path("messages")).and(device_bound());
+    let lock = || warp::path::param::<PathId>();
+    let end = warp::path::end;
+    // Read well past the limit so an oversized message gets a 413 body, not a reset.
+    let body = warp::body::content_length_limit(super::MAX_BODY_BYTES).and(warp::body::bytes());
+    one_of([
+        queue().and(end()).and(warp::post()).and(caller()).and(warp::header::headers_cloned()).and(body).then(send).boxed(),
+        queue().and(end()).and(warp::get()).and(caller()).then(receive).boxed(),
+        queue().and(lock()).and(end()).and(warp::delete()).and(caller()).and(settle_action()).then(settle).boxed(),
+        queue().and(lock()).and(warp::path("abandon")).and(end()).and(warp::post()).and(caller()).then(abandon).boxed(),
+        warp::path!("devices" / PathId / "commands").and(warp::delete()).and(caller()).then(purge).boxed(),
+        feedback_path().and(end()).and(warp::get()).and(caller()).then(receive_feedback).boxed(),
+        feedback_path().and(lock()).and(end()).and(warp::delete()).and(caller()).then(complete_feedback).boxed(),
+        feedback_path().and(lock()).and(warp::path("abandon")).and(end()).and(warp::post()).and(caller()).then(abandon_feedback).boxed(),
+    ])
 }
 
 fn header(headers: &HeaderMap, name: &str) -> Result<Option<String>, ApiError> {
@@ -201,47 +142,41 @@ fn message_from(headers: &HeaderMap, body: Bytes) -> Result<C2dMessage, ApiError
 }
 
 async fn send(
+    device: PathId,
     ctx: Context,
-    device_id: String,
     p: Principal,
     headers: HeaderMap,
     body: Bytes,
-) -> Reply_ {
-    let result = async {
-        p.require_hub(Permission::ServiceConnect)?;
-        let message = message_from(&headers, body)?;
-        let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
-        let sent: Sent = ctx
-            .store
-            .run(move |s| s.send_c2d(&id, message, at, &settings))
-            .await?;
-        ctx.c2d.scheduled(TimerKind::Expiry, sent.expiry);
-        ctx.connections.wake_c2d(&device_id);
-        Ok::<_, ApiError>(no_content())
-    }
-    .await;
-    result.map_err(warp::reject::custom)
+) -> Handled {
+    let device_id = device.0;
+    p.require_hub(Permission::ServiceConnect)?;
+    let message = message_from(&headers, body)?;
+    let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
+    let sent: Sent = ctx
+        .store
+        .run(move |s| s.send_c2d(&id, message, at, &settings))
+        .await?;
+    ctx.c2d.scheduled(TimerKind::Expiry, sent.expiry);
+    ctx.connections.wake_c2d(&device_id);
+    Ok(no_content())
 }
 
-async fn purge(ctx: Context, device_id: String, p: Principal) -> Reply_ {
-    let result = async {
-        p.require_hub(Permission::ServiceConnect)?;
-        let id = device_id.clone();
-        let purged = ctx
-            .store
-            .run(move |s| {
-                s.get_device(&id)?;
-                s.purge_c2d(&id).map_err(ApiError::from)
-            })
-            .await?;
-        Ok::<_, ApiError>(super::json_reply(&serde_json::json!({
-            "totalMessagesPurged": purged,
-            "deviceId": device_id,
-            "moduleId": null,
-        })))
-    }
-    .await;
-    result.map_err(warp::reject::custom)
+async fn purge(device: PathId, ctx: Context, p: Principal) -> Handled {
+    let device_id = device.0;
+    p.require_hub(Permission::ServiceConnect)?;
+    let id = device_id.clone();
+    let purged = ctx
+        .store
+        .run(move |s| {
+            s.get_device(&id)?;
+            s.purge_c2d(&id).map_err(ApiError::from)
+        })
+        .await?;
+    Ok(json(&serde_json::json!({
+        "totalMessagesPurged": purged,
+        "deviceId": device_id,
+        "moduleId": null,
+    })))
 }
 
 /// The device may use its own queue; a disabled or unknown device may not.
@@ -257,26 +192,23 @@ async fn authorise_device(ctx: &Context, p: &Principal, device_id: &str) -> Resu
     Ok(())
 }
 
-async fn receive(ctx: Context, device_id: String, p: Principal) -> Reply_ {
-    let result = async {
-        authorise_device(&ctx, &p, &device_id).await?;
-        let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
-        let mut got = ctx
-            .store
-            .run(move |s| s.receive_c2d(&id, 1, at, &settings))
-            .await?;
-        let Some(d) = got.pop() else {
-            return Ok(no_content());
-        };
-        ctx.c2d
-            .scheduled(TimerKind::Lock, UnixMillis(at.0 + settings.lock_timeout_ms));
-        Ok::<_, ApiError>(delivered_response(&device_id, d))
-    }
-    .await;
-    result.map_err(warp::reject::custom)
+async fn receive(device: PathId, ctx: Context, p: Principal) -> Handled {
+    let device_id = device.0;
+    authorise_device(&ctx, &p, &device_id).await?;
+    let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
+    let mut got = ctx
+        .store
+        .run(move |s| s.receive_c2d(&id, 1, at, &settings))
+        .await?;
+    let Some(d) = got.pop() else {
+        return Ok(no_content());
+    };
+    ctx.c2d
+        .scheduled(TimerKind::Lock, UnixMillis(at.0 + settings.lock_timeout_ms));
+    Ok(delivered_response(&device_id, d))
 }
 
-fn delivered_response(device_id: &str, d: Delivered) -> warp::reply::Response {
+fn delivered_response(device_id: &str, d: Delivered) -> Response {
     let mut headers: Vec<(String, String)> = vec![
         ("etag".into(), format!("\"{}\"", d.lock_token)),
         ("iothub-sequencenumber".into(), d.sequence.to_string()),
@@ -319,27 +251,28 @@ fn delivered_response(device_id: &str, d: Delivered) -> warp::reply::Response {
     response
 }
 
+async fn abandon(device: PathId, token: PathId, ctx: Context, p: Principal) -> Handled {
+    settle(device, token, ctx, p, Settle::Abandon).await
+}
+
 async fn settle(
+    device: PathId,
+    token: PathId,
     ctx: Context,
-    device_id: String,
-    token: String,
     p: Principal,
     action: Settle,
-) -> Reply_ {
-    let result = async {
-        authorise_device(&ctx, &p, &device_id).await?;
-        let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
-        let settled = ctx
-            .store
-            .run(move |s| s.settle_c2d(&id, &token, action, at, &settings))
-            .await?;
-        if settled == Settled::Requeued {
-            ctx.connections.wake_c2d(&device_id);
-        }
-        Ok::<_, ApiError>(no_content())
+) -> Handled {
+    let (device_id, token) = (device.0, token.0);
+    authorise_device(&ctx, &p, &device_id).await?;
+    let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
+    let settled = ctx
+        .store
+        .run(move |s| s.settle_c2d(&id, &token, action, at, &settings))
+        .await?;
+    if settled == Settled::Requeued {
+        ctx.connections.wake_c2d(&device_id);
     }
-    .await;
-    result.map_err(warp::reject::custom)
+    Ok(no_content())
 }
 
 /// One record as seed 002 shows it, fields in its order.
@@ -359,68 +292,64 @@ struct FeedbackJson {
     device_generation_id: String,
 }
 
-async fn receive_feedback(ctx: Context, p: Principal) -> Reply_ {
-    let result = async {
-        p.require_hub(Permission::ServiceConnect)?;
-        let (settings, at) = (ctx.c2d.settings, ctx.clock.now());
-        let got: Option<FeedbackMessage> = ctx
-            .store
-            .run(move |s| s.receive_feedback(at, &settings))
-            .await?;
-        let Some(f) = got else {
-            return Ok(no_content());
-        };
-        ctx.c2d
-            .scheduled(TimerKind::Lock, UnixMillis(at.0 + settings.lock_timeout_ms));
-        ctx.c2d.scheduled(
-            TimerKind::Expiry,
-            UnixMillis(f.enqueued.0 + settings.feedback_ttl_ms),
-        );
-        let body: Vec<FeedbackJson> = f
-            .records
-            .iter()
-            .map(|r| FeedbackJson {
-                original_message_id: r.original_message_id.clone(),
-                enqueued_time_utc: c2d_message::iso(r.enqueued_time),
-                status_code: r.status.code(),
-                description: r.status.description(),
-                device_id: r.device_id.clone(),
-                device_generation_id: r.device_generation_id.clone(),
-            })
-            .collect();
-        let json = serde_json::to_vec(&body).map_err(|e| ApiError::format(e.to_string()))?;
-        let mut response = Response::new(json.into());
-        let h = response.headers_mut();
-        let mut set = |k: &'static str, v: String| {
-            if let Ok(v) = HeaderValue::from_str(&v) {
-                h.insert(k, v);
-            }
-        };
-        set("content-type", FEEDBACK_CONTENT_TYPE.into());
-        set("etag", format!("\"{}\"", f.lock_token));
-        set("iothub-enqueuedtime", c2d_message::iso(f.enqueued));
-        set("iothub-deliverycount", f.delivery_count.to_string());
-        set("iothub-sequencenumber", f.sequence.to_string());
-        set("iothub-userid", ctx.settings.hub_name.clone());
-        Ok::<_, ApiError>(response)
-    }
-    .await;
-    result.map_err(warp::reject::custom)
+async fn receive_feedback(ctx: Context, p: Principal) -> Handled {
+    p.require_hub(Permission::ServiceConnect)?;
+    let (settings, at) = (ctx.c2d.settings, ctx.clock.now());
+    let got: Option<FeedbackMessage> = ctx
+        .store
+        .run(move |s| s.receive_feedback(at, &settings))
+        .await?;
+    let Some(f) = got else {
+        return Ok(no_content());
+    };
+    ctx.c2d
+        .scheduled(TimerKind::Lock, UnixMillis(at.0 + settings.lock_timeout_ms));
+    ctx.c2d.scheduled(
+        TimerKind::Expiry,
+        UnixMillis(f.enqueued.0 + settings.feedback_ttl_ms),
+    );
+    let body: Vec<FeedbackJson> = f
+        .records
+        .iter()
+        .map(|r| FeedbackJson {
+            original_message_id: r.original_message_id.clone(),
+            enqueued_time_utc: c2d_message::iso(r.enqueued_time),
+            status_code: r.status.code(),
+            description: r.status.description(),
+            device_id: r.device_id.clone(),
+            device_generation_id: r.device_generation_id.clone(),
+        })
+        .collect();
+    let json = serde_json::to_vec(&body).map_err(|e| ApiError::format(e.to_string()))?;
+    let mut response = Response::new(json.into());
+    let h = response.headers_mut();
+    let mut set = |k: &'static str, v: String| {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(k, v);
+        }
+    };
+    set("content-type", FEEDBACK_CONTENT_TYPE.into());
+    set("etag", format!("\"{}\"", f.lock_token));
+    set("iothub-enqueuedtime", c2d_message::iso(f.enqueued));
+    set("iothub-deliverycount", f.delivery_count.to_string());
+    set("iothub-sequencenumber", f.sequence.to_string());
+    set("iothub-userid", ctx.settings.hub_name.clone());
+    Ok(response)
 }
 
-async fn settle_feedback(ctx: Context, token: String, p: Principal, action: Settle) -> Reply_ {
-    let result = async {
-        p.require_hub(Permission::ServiceConnect)?;
-        let (settings, at) = (ctx.c2d.settings, ctx.clock.now());
-        ctx.store
-            .run(move |s| s.settle_feedback(&token, action, at, &settings))
-            .await?;
-        Ok::<_, ApiError>(no_content())
-    }
-    .await;
-    result.map_err(warp::reject::custom)
+async fn complete_feedback(token: PathId, ctx: Context, p: Principal) -> Handled {
+    settle_feedback(token.0, ctx, p, Settle::Complete).await
 }
 
-fn no_content() -> warp::reply::Response {
-    warp::reply::with_status(warp::reply(), StatusCode::NO_CONTENT).into_response()
+async fn abandon_feedback(token: PathId, ctx: Context, p: Principal) -> Handled {
+    settle_feedback(token.0, ctx, p, Settle::Abandon).await
+}
+
+async fn settle_feedback(token: String, ctx: Context, p: Principal, action: Settle) -> Handled {
+    p.require_hub(Permission::ServiceConnect)?;
+    let (settings, at) = (ctx.c2d.settings, ctx.clock.now());
+    ctx.store
+        .run(move |s| s.settle_feedback(&token, action, at, &settings))
+        .await?;
+    Ok(no_content())
 }

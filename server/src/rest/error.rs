@@ -1,15 +1,17 @@
 //! Every REST failure as IoT Hub reports it: status, reason phrase, and the registry-style
 //! body `{"Message":"ErrorCode:{Name};{text}","ExceptionMessage":"Tracking ID:...","errorCode":N}`.
-//! The status is chosen here and nowhere else (see [`ApiError::status_and_code`]).
+//! The status is chosen here and nowhere else (see [`ApiError::status_and_code`]); for engine
+//! errors it comes from [`crate::error_codes`], the table MQTT answers from too.
 
 use std::convert::Infallible;
 
-use ferrohub_engine::{RegistryError, StorageError};
+use ferrohub_engine::{RegistryError, StorageError, TwinError};
 use warp::http::StatusCode;
 use warp::reject::Reject;
 use warp::Reply;
 
 use crate::auth::AuthError;
+use crate::error_codes::{self, ErrorCode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -17,6 +19,8 @@ pub enum ApiError {
     Unauthorized(#[from] AuthError),
     #[error("{0}")]
     Registry(#[from] RegistryError),
+    #[error("{0}")]
+    Twin(#[from] TwinError),
     #[error("{message}")]
     BadRequest {
         code: &'static str,
@@ -64,97 +68,37 @@ impl ApiError {
         }
     }
 
-    /// `(status, IoT Hub error name, IoT Hub error number)`.
-    pub fn status_and_code(&self) -> (StatusCode, &'static str, u32) {
-        use RegistryError as R;
+    /// `(status, IoT Hub error name, IoT Hub error number)`; engine errors as
+    /// [`crate::error_codes`] maps them for every protocol.
+    pub fn status_and_code(&self) -> ErrorCode {
         match self {
             ApiError::Unauthorized(_) => {
                 (StatusCode::UNAUTHORIZED, "IotHubUnauthorizedAccess", 401002)
             }
-            ApiError::Registry(e) => match e {
-                R::DeviceNotFound(_) => (StatusCode::NOT_FOUND, "DeviceNotFound", 404001),
-                R::ModuleNotFound { .. } => (StatusCode::NOT_FOUND, "ModuleNotFound", 404010),
-                R::DeviceAlreadyExists(_) => (StatusCode::CONFLICT, "DeviceAlreadyExists", 409001),
-                R::ModuleAlreadyExists { .. } => {
-                    (StatusCode::CONFLICT, "ModuleAlreadyExistsOnDevice", 409301)
-                }
-                R::EtagMismatch { .. } => (
-                    StatusCode::PRECONDITION_FAILED,
-                    "PreconditionFailed",
-                    412001,
-                ),
-                R::TooManyModules { .. } => (
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "TooManyModulesOnDevice",
-                    413003,
-                ),
-                R::TooManyInBulk { .. } => {
-                    (StatusCode::PAYLOAD_TOO_LARGE, "TooManyDevices", 413002)
-                }
-                R::Invalid(_) => (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004),
-                R::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001),
-            },
             ApiError::BadRequest { code, number, .. } => (StatusCode::BAD_REQUEST, code, *number),
-            ApiError::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001),
-            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "IotHubNotFound", 404000),
+            ApiError::Storage(_) => error_codes::SERVER_ERROR,
+            ApiError::NotFound(_) => error_codes::NOT_FOUND,
             ApiError::MethodNotAllowed => {
                 (StatusCode::METHOD_NOT_ALLOWED, "InvalidOperation", 405000)
             }
             ApiError::PayloadTooLarge | ApiError::TooLarge(_) => {
                 (StatusCode::PAYLOAD_TOO_LARGE, "MessageTooLarge", 413001)
             }
-            ApiError::Hub(ferrohub_engine::HubError::Invalid(_)) => {
-                (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004)
-            }
-            ApiError::Hub(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001),
             ApiError::Routing(e) => {
                 use crate::routing::RouteError as E;
                 match e {
                     E::BadCondition { .. } | E::UnknownEndpoint { .. } | E::Invalid(_) => {
-                        (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004)
+                        error_codes::ARGUMENT_INVALID
                     }
-                    E::NotFound(_) => (StatusCode::NOT_FOUND, "IotHubNotFound", 404000),
-                    E::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001),
+                    E::NotFound(_) => error_codes::NOT_FOUND,
+                    E::Storage(_) => error_codes::SERVER_ERROR,
                 }
             }
-            ApiError::C2d(e) => {
-                use ferrohub_engine::c2d::C2dError as E;
-                match e {
-                    E::DeviceNotFound(_) => (StatusCode::NOT_FOUND, "DeviceNotFound", 404001),
-                    E::QueueFull { .. } => (
-                        StatusCode::FORBIDDEN,
-                        "DeviceMaximumQueueDepthExceeded",
-                        403004,
-                    ),
-                    E::BadLockToken(_) => (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004),
-                    E::LockLost(_) => (
-                        StatusCode::PRECONDITION_FAILED,
-                        "DeviceMessageLockLost",
-                        412002,
-                    ),
-                    E::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001),
-                }
-            }
-            ApiError::Events(e) => {
-                use ferrohub_engine::d2c::D2cError as E;
-                match e {
-                    E::NoSuchPartition(_) => (StatusCode::NOT_FOUND, "PartitionNotFound", 404000),
-                    E::NoSuchGroup(_) => (StatusCode::NOT_FOUND, "ConsumerGroupNotFound", 404000),
-                    E::GroupExists(_) => {
-                        (StatusCode::CONFLICT, "ConsumerGroupAlreadyExists", 409000)
-                    }
-                    E::TooManyGroups(_) => (StatusCode::FORBIDDEN, "IotHubQuotaExceeded", 403002),
-                    E::DefaultGroup => (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004),
-                    E::EndpointInUse { .. } => (StatusCode::CONFLICT, "EndpointInUse", 409000),
-                    E::NoSuchEndpoint(_) => (StatusCode::NOT_FOUND, "EndpointNotFound", 404000),
-                    E::EndpointExists(_) => (StatusCode::CONFLICT, "EndpointAlreadyExists", 409000),
-                    E::NoPartitionSpace(_) => {
-                        (StatusCode::FORBIDDEN, "IotHubQuotaExceeded", 403002)
-                    }
-                    E::Invalid(_) => (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004),
-                    E::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001),
-                }
-            }
+            ApiError::Registry(e) => error_codes::registry(e),
+            ApiError::Twin(e) => error_codes::twin(e),
+            ApiError::Hub(e) => error_codes::hub(e),
+            ApiError::C2d(e) => error_codes::c2d(e),
+            ApiError::Events(e) => error_codes::d2c(e),
         }
     }
 

@@ -19,20 +19,20 @@ use ferrohub_engine::d2c::{
 };
 use ferrohub_engine::{StorageError, UnixMillis};
 use serde::{Deserialize, Serialize};
+use warp::filters::BoxedFilter;
 use warp::http::StatusCode;
-use warp::{Filter, Rejection, Reply};
+use warp::{Filter, Rejection};
 
 use super::error::ApiError;
 use super::identity_json::format_time;
-use super::{authenticated, json_body, json_reply, Context, PathId};
+use super::reply::{json, json_with_status, no_content, one_of, Handled, Response};
+use super::{caller, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
 
 /// Most events one read returns.
 const MAX_BATCH: usize = 1000;
 /// Longest long-poll.
 const MAX_WAIT: Duration = Duration::from_secs(60);
-
-type Response = warp::reply::Response;
 
 fn time_ms(t: UnixMillis) -> String {
     chrono::DateTime::from_timestamp_millis(t.0)
@@ -157,6 +157,13 @@ fn require_service(p: &Principal) -> Result<(), ApiError> {
     Ok(p.require_hub(Permission::ServiceConnect)?)
 }
 
+/// For a ServiceConnect caller (checked first, so a stranger learns nothing of partitions),
+/// the global partition of an endpoint's partition id.
+fn service_partition(p: &Principal, slot: EndpointSlot, id: &PathId) -> Result<u16, ApiError> {
+    require_service(p)?;
+    partition_id(slot, id)
+}
+
 /// The global partition of an endpoint's partition id.
 fn partition_id(slot: EndpointSlot, p: &PathId) -> Result<u16, ApiError> {
     p.0.parse::<u16>()
@@ -203,211 +210,121 @@ fn endpoint(ctx: Context) -> impl Filter<Extract = (EndpointSlot,), Error = Reje
     builtin.or(custom).unify()
 }
 
-pub fn routes(ctx: Context) -> impl Filter<Extract = (Response,), Error = Rejection> + Clone {
-    let auth = authenticated(ctx.clone());
-    let endpoint = endpoint(ctx.clone());
-    let with_ctx = warp::any().map(move || ctx.clone());
-    let list_partitions = endpoint
-        .clone()
-        .and(warp::path!("partitions"))
-        .and(warp::get())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and_then(
-            |slot: EndpointSlot, ctx: Context, p: Principal| async move {
-                reply(
-                    async {
-                        require_service(&p)?;
-                        let infos = ctx
-                            .store
-                            .run(move |s| {
-                                (slot.base..slot.base + slot.partitions)
-                                    .map(|i| s.partition_info(i))
-                                    .collect::<Result<Vec<_>, _>>()
-                            })
-                            .await?;
-                        Ok(json_reply(
-                            &infos
-                                .into_iter()
-                                .map(|i| PartitionJson::local(i, slot))
-                                .collect::<Vec<_>>(),
-                        ))
-                    }
-                    .await,
-                )
-            },
-        );
-    let get_partition = endpoint
-        .clone()
-        .and(warp::path!("partitions" / PathId))
-        .and(warp::get())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and_then(
-            |slot: EndpointSlot, id: PathId, ctx: Context, p: Principal| async move {
-                reply(
-                    async {
-                        require_service(&p)?;
-                        let pid = partition_id(slot, &id)?;
-                        let info = ctx.store.run(move |s| s.partition_info(pid)).await?;
-                        Ok(json_reply(&PartitionJson::local(info, slot)))
-                    }
-                    .await,
-                )
-            },
-        );
-    let list_groups = warp::path!("events" / "consumergroups")
-        .and(warp::get())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and_then(|ctx: Context, p: Principal| async move {
-            reply(
-                async {
-                    require_service(&p)?;
-                    Ok(json_reply(
-                        &ctx.store.run(|s| s.list_consumer_groups()).await?,
-                    ))
-                }
-                .await,
-            )
-        });
-    let create_group = warp::path!("events" / "consumergroups" / PathId)
-        .and(warp::put())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and_then(|g: PathId, ctx: Context, p: Principal| async move {
-            reply(
-                async {
-                    require_service(&p)?;
-                    let now = ctx.clock.now();
-                    let name = g.0.clone();
-                    ctx.store
-                        .run(move |s| s.create_consumer_group(&name, now))
-                        .await?;
-                    Ok(warp::reply::with_status(
-                        json_reply(&serde_json::json!({ "name": g.0 })),
-                        StatusCode::CREATED,
-                    )
-                    .into_response())
-                }
-                .await,
-            )
-        });
-    let delete_group = warp::path!("events" / "consumergroups" / PathId)
-        .and(warp::delete())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and_then(|g: PathId, ctx: Context, p: Principal| async move {
-            reply(
-                async {
-                    require_service(&p)?;
-                    ctx.store
-                        .run(move |s| s.delete_consumer_group(&g.0))
-                        .await?;
-                    Ok(
-                        warp::reply::with_status(warp::reply(), StatusCode::NO_CONTENT)
-                            .into_response(),
-                    )
-                }
-                .await,
-            )
-        });
-    let read = endpoint
-        .clone()
-        .and(warp::path!(
-            "consumergroups" / PathId / "partitions" / PathId / "messages"
-        ))
-        .and(warp::get())
-        .and(warp::query::<ReadQuery>())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and_then(read_handler);
-    let get_checkpoint = endpoint
-        .clone()
-        .and(warp::path!(
-            "consumergroups" / PathId / "partitions" / PathId / "checkpoint"
-        ))
-        .and(warp::get())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and_then(
-            |slot: EndpointSlot, g: PathId, id: PathId, ctx: Context, p: Principal| async move {
-                reply(
-                    async {
-                        require_service(&p)?;
-                        let pid = partition_id(slot, &id)?;
-                        match ctx.store.run(move |s| s.get_checkpoint(&g.0, pid)).await? {
-                            Some(c) => Ok(json_reply(&CheckpointJson {
-                                sequence_number: c.sequence_number,
-                                offset: c.offset.to_string(),
-                                updated_time_utc: format_time(Some(c.updated)),
-                            })),
-                            None => Err(ApiError::NotFound("no checkpoint stored".into())),
-                        }
-                    }
-                    .await,
-                )
-            },
-        );
-    let put_checkpoint = endpoint
-        .and(warp::path!(
-            "consumergroups" / PathId / "partitions" / PathId / "checkpoint"
-        ))
-        .and(warp::put())
-        .and(with_ctx)
-        .and(auth)
-        .and(json_body::<CheckpointJson>())
-        .and_then(
-            |slot: EndpointSlot,
-             g: PathId,
-             id: PathId,
-             ctx: Context,
-             p: Principal,
-             body: CheckpointJson| async move {
-                reply(
-                    async {
-                        require_service(&p)?;
-                        let pid = partition_id(slot, &id)?;
-                        let offset = body
-                            .offset
-                            .parse()
-                            .map_err(|_| ApiError::argument("offset must be a number"))?;
-                        let cp = Checkpoint {
-                            sequence_number: body.sequence_number,
-                            offset,
-                            updated: ctx.clock.now(),
-                        };
-                        ctx.store
-                            .run(move |s| s.set_checkpoint(&g.0, pid, &cp))
-                            .await?;
-                        Ok(
-                            warp::reply::with_status(warp::reply(), StatusCode::NO_CONTENT)
-                                .into_response(),
-                        )
-                    }
-                    .await,
-                )
-            },
-        );
-    list_partitions
-        .or(get_partition)
-        .unify()
-        .or(list_groups)
-        .unify()
-        .or(create_group)
-        .unify()
-        .or(delete_group)
-        .unify()
-        .or(read)
-        .unify()
-        .or(get_checkpoint)
-        .unify()
-        .or(put_checkpoint)
-        .unify()
+/// The read API's route table: path (under an endpoint or not), method, inputs, handler.
+#[rustfmt::skip]
+pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
+    let caller = || caller(ctx.clone());
+    let at_endpoint = || endpoint(ctx.clone());
+    let group = || warp::path!("events" / "consumergroups" / PathId);
+    let checkpoint = || warp::path!("consumergroups" / PathId / "partitions" / PathId / "checkpoint");
+    let messages = warp::path!("consumergroups" / PathId / "partitions" / PathId / "messages");
+    one_of([
+        at_endpoint().and(warp::path!("partitions")).and(warp::get()).and(caller()).then(list_partitions_handler).boxed(),
+        at_endpoint().and(warp::path!("partitions" / PathId)).and(warp::get()).and(caller()).then(get_partition_handler).boxed(),
+        warp::path!("events" / "consumergroups").and(warp::get()).and(caller()).then(list_groups_handler).boxed(),
+        group().and(warp::put()).and(caller()).then(create_group_handler).boxed(),
+        group().and(warp::delete()).and(caller()).then(delete_group_handler).boxed(),
+        at_endpoint().and(messages).and(warp::get()).and(warp::query()).and(caller()).then(read_handler).boxed(),
+        at_endpoint().and(checkpoint()).and(warp::get()).and(caller()).then(get_checkpoint_handler).boxed(),
+        at_endpoint().and(checkpoint()).and(warp::put()).and(caller()).and(json_body()).then(put_checkpoint_handler).boxed(),
+    ])
 }
 
-fn reply(r: Result<Response, ApiError>) -> Result<Response, Rejection> {
-    r.map_err(warp::reject::custom)
+async fn list_partitions_handler(slot: EndpointSlot, ctx: Context, p: Principal) -> Handled {
+    require_service(&p)?;
+    let infos = ctx
+        .store
+        .run(move |s| {
+            (slot.base..slot.base + slot.partitions)
+                .map(|i| s.partition_info(i))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await?;
+    Ok(json(
+        &infos
+            .into_iter()
+            .map(|i| PartitionJson::local(i, slot))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+async fn get_partition_handler(
+    slot: EndpointSlot,
+    id: PathId,
+    ctx: Context,
+    p: Principal,
+) -> Handled {
+    let pid = service_partition(&p, slot, &id)?;
+    let info = ctx.store.run(move |s| s.partition_info(pid)).await?;
+    Ok(json(&PartitionJson::local(info, slot)))
+}
+
+async fn list_groups_handler(ctx: Context, p: Principal) -> Handled {
+    require_service(&p)?;
+    Ok(json(&ctx.store.run(|s| s.list_consumer_groups()).await?))
+}
+
+async fn create_group_handler(g: PathId, ctx: Context, p: Principal) -> Handled {
+    require_service(&p)?;
+    let now = ctx.clock.now();
+    let name = g.0.clone();
+    ctx.store
+        .run(move |s| s.create_consumer_group(&name, now))
+        .await?;
+    Ok(json_with_status(
+        &serde_json::json!({ "name": g.0 }),
+        StatusCode::CREATED,
+    ))
+}
+
+async fn delete_group_handler(g: PathId, ctx: Context, p: Principal) -> Handled {
+    require_service(&p)?;
+    ctx.store
+        .run(move |s| s.delete_consumer_group(&g.0))
+        .await?;
+    Ok(no_content())
+}
+
+async fn get_checkpoint_handler(
+    slot: EndpointSlot,
+    g: PathId,
+    id: PathId,
+    ctx: Context,
+    p: Principal,
+) -> Handled {
+    let pid = service_partition(&p, slot, &id)?;
+    match ctx.store.run(move |s| s.get_checkpoint(&g.0, pid)).await? {
+        Some(c) => Ok(json(&CheckpointJson {
+            sequence_number: c.sequence_number,
+            offset: c.offset.to_string(),
+            updated_time_utc: format_time(Some(c.updated)),
+        })),
+        None => Err(ApiError::NotFound("no checkpoint stored".into())),
+    }
+}
+
+async fn put_checkpoint_handler(
+    slot: EndpointSlot,
+    g: PathId,
+    id: PathId,
+    ctx: Context,
+    p: Principal,
+    body: CheckpointJson,
+) -> Handled {
+    let pid = service_partition(&p, slot, &id)?;
+    let offset = body
+        .offset
+        .parse()
+        .map_err(|_| ApiError::argument("offset must be a number"))?;
+    let cp = Checkpoint {
+        sequence_number: body.sequence_number,
+        offset,
+        updated: ctx.clock.now(),
+    };
+    ctx.store
+        .run(move |s| s.set_checkpoint(&g.0, pid, &cp))
+        .await?;
+    Ok(no_content())
 }
 
 fn read_body(slot: EndpointSlot, pid: u16, events: Vec<D2cEvent>) -> serde_json::Value {
@@ -435,48 +352,41 @@ async fn read_handler(
     q: ReadQuery,
     ctx: Context,
     p: Principal,
-) -> Result<Response, Rejection> {
-    reply(
-        async {
-            require_service(&p)?;
-            let pid = partition_id(slot, &id)?;
-            let max = q.max.unwrap_or(100).clamp(1, MAX_BATCH);
-            let wait = Duration::from_secs(q.timeout.unwrap_or(0)).min(MAX_WAIT);
-            let g = group.0.clone();
-            ctx.store
-                .run(move |s| s.get_checkpoint(&g, pid).map(drop))
-                .await?;
-            let mut position = q.position()?;
-            if position == ReadPosition::End {
-                position = ReadPosition::Sequence(
-                    ctx.store.run(move |s| s.next_sequence_number(pid)).await?,
-                );
-            }
-            let mut watch = ctx
-                .d2c
-                .subscribe(pid)
-                .ok_or(ApiError::Events(D2cError::NoSuchPartition(pid)))?;
-            let deadline = tokio::time::Instant::now() + wait;
-            loop {
-                let events = ctx
-                    .store
-                    .run(move |s| s.read_events(pid, position, max))
-                    .await?;
-                let done = !events.is_empty() || tokio::time::Instant::now() >= deadline;
-                if done {
-                    return Ok(json_reply(&read_body(slot, pid, events)));
-                }
-                // Wake on the next durable append to this partition, or give up at the deadline.
-                // A closed channel (the node is stopping) ends the wait: read once more, answer.
-                if let Ok(Err(_)) = tokio::time::timeout_at(deadline, watch.changed()).await {
-                    let events = ctx
-                        .store
-                        .run(move |s| s.read_events(pid, position, max))
-                        .await?;
-                    return Ok(json_reply(&read_body(slot, pid, events)));
-                }
-            }
+) -> Handled {
+    let pid = service_partition(&p, slot, &id)?;
+    let max = q.max.unwrap_or(100).clamp(1, MAX_BATCH);
+    let wait = Duration::from_secs(q.timeout.unwrap_or(0)).min(MAX_WAIT);
+    let g = group.0.clone();
+    ctx.store
+        .run(move |s| s.get_checkpoint(&g, pid).map(drop))
+        .await?;
+    let mut position = q.position()?;
+    if position == ReadPosition::End {
+        position =
+            ReadPosition::Sequence(ctx.store.run(move |s| s.next_sequence_number(pid)).await?);
+    }
+    let mut watch = ctx
+        .d2c
+        .subscribe(pid)
+        .ok_or(ApiError::Events(D2cError::NoSuchPartition(pid)))?;
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let events = ctx
+            .store
+            .run(move |s| s.read_events(pid, position, max))
+            .await?;
+        let done = !events.is_empty() || tokio::time::Instant::now() >= deadline;
+        if done {
+            return Ok(json(&read_body(slot, pid, events)));
         }
-        .await,
-    )
+        // Wake on the next durable append to this partition, or give up at the deadline.
+        // A closed channel (the node is stopping) ends the wait: read once more, answer.
+        if let Ok(Err(_)) = tokio::time::timeout_at(deadline, watch.changed()).await {
+            let events = ctx
+                .store
+                .run(move |s| s.read_events(pid, position, max))
+                .await?;
+            return Ok(json(&read_body(slot, pid, events)));
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! IoT Hub's JSON shapes for device and module identities (`compat` §B3), both ways.
 //!
-//! Requests are tolerant the way the service is: every field optional, read-only fields ignored,
-//! unknown fields ignored; a field of the wrong JSON type is a 400.
+//! Requests are tolerant the way the service is: every field optional (the request structs are
+//! `#[serde(default)]` as a whole), read-only fields ignored, unknown fields ignored; a field of
+//! the wrong JSON type is a 400.
 
 use ferrohub_engine::model::{
     AuthType, ConnectionState, Identity, IdentitySpec, KeysSpec, Status, Thumbprints, UnixMillis,
@@ -24,64 +25,47 @@ pub fn format_time(t: Option<UnixMillis>) -> String {
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct SymmetricKeyJson {
-    #[serde(default)]
     pub primary_key: Option<String>,
-    #[serde(default)]
     pub secondary_key: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct ThumbprintJson {
-    #[serde(default)]
     pub primary_thumbprint: Option<String>,
-    #[serde(default)]
     pub secondary_thumbprint: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct AuthenticationJson {
-    #[serde(default)]
     pub symmetric_key: Option<SymmetricKeyJson>,
-    #[serde(default)]
     pub x509_thumbprint: Option<ThumbprintJson>,
-    #[serde(rename = "type", default)]
+    #[serde(rename = "type")]
     pub kind: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct CapabilitiesJson {
-    #[serde(default)]
     pub iot_edge: Option<bool>,
 }
 
 /// A device or module as a request body (the settable subset; the rest is ignored).
 #[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct IdentityBody {
-    #[serde(default)]
     pub device_id: Option<String>,
-    #[serde(default)]
     pub module_id: Option<String>,
-    #[serde(default)]
     pub status: Option<String>,
-    #[serde(default)]
     pub status_reason: Option<String>,
-    #[serde(default)]
     pub authentication: Option<AuthenticationJson>,
-    #[serde(default)]
     pub capabilities: Option<CapabilitiesJson>,
-    #[serde(default)]
     pub device_scope: Option<String>,
-    #[serde(default)]
     pub parent_scopes: Option<Vec<String>>,
-    #[serde(default)]
     pub managed_by: Option<String>,
-    #[serde(default)]
     pub etag: Option<String>,
 }
 
@@ -153,19 +137,30 @@ fn auth_json(i: &Identity) -> AuthenticationJson {
             primary_thumbprint: a.thumbprints.as_ref().and_then(|t| t.primary.clone()),
             secondary_thumbprint: a.thumbprints.as_ref().and_then(|t| t.secondary.clone()),
         }),
-        kind: Some(
-            match a.kind {
-                AuthType::Sas => "sas",
-                AuthType::SelfSigned => "selfSigned",
-                AuthType::CertificateAuthority => "certificateAuthority",
-                AuthType::None => "none",
-            }
-            .to_string(),
-        ),
+        kind: Some(auth_type_name(a.kind).to_string()),
     }
 }
 
-fn connection_state(s: ConnectionState) -> &'static str {
+/// `authentication.type` as IoT Hub spells it.
+pub fn auth_type_name(kind: AuthType) -> &'static str {
+    match kind {
+        AuthType::Sas => "sas",
+        AuthType::SelfSigned => "selfSigned",
+        AuthType::CertificateAuthority => "certificateAuthority",
+        AuthType::None => "none",
+    }
+}
+
+/// `status` as IoT Hub spells it.
+pub fn status_name(status: Status) -> &'static str {
+    match status {
+        Status::Enabled => "enabled",
+        Status::Disabled => "disabled",
+    }
+}
+
+/// `connectionState` as IoT Hub spells it.
+pub fn connection_state(s: ConnectionState) -> &'static str {
     match s {
         ConnectionState::Connected => "Connected",
         ConnectionState::Disconnected => "Disconnected",
@@ -199,10 +194,7 @@ impl From<&Identity> for DeviceJson {
             generation_id: d.generation_id.clone(),
             etag: d.etag.clone(),
             connection_state: connection_state(d.connection_state),
-            status: match d.status {
-                Status::Enabled => "enabled",
-                Status::Disabled => "disabled",
-            },
+            status: status_name(d.status),
             status_reason: d.status_reason.clone(),
             connection_state_updated_time: format_time(d.connection_state_updated_time),
             status_updated_time: format_time(Some(d.status_updated_time)),

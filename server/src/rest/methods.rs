@@ -12,11 +12,13 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::Value;
+use warp::filters::BoxedFilter;
 use warp::http::StatusCode;
-use warp::{Filter, Rejection, Reply};
+use warp::Filter;
 
 use super::error::ApiError;
-use super::{authenticated, json_body, json_reply, Context, PathId};
+use super::reply::{json, json_with_status, one_of, Handled, Response};
+use super::{caller, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
 use crate::hub::connections::Outbound;
 
@@ -34,23 +36,37 @@ struct MethodCall {
     connect_timeout_in_seconds: Option<u64>,
 }
 
-fn error(status: StatusCode, code: u32, name: &str, message: &str) -> warp::reply::Response {
+/// The device's side failed (not online, no answer): IoT Hub answers these with the direct
+/// method error body (a `message` beside the registry-style fields), not as `ApiError`s.
+fn error(status: StatusCode, code: u32, name: &str, message: &str) -> Response {
     let body = serde_json::json!({
         "Message": format!("ErrorCode:{name};{message}"),
         "ExceptionMessage": "",
         "errorCode": code,
         "message": message,
     });
-    warp::reply::with_status(warp::reply::json(&body), status).into_response()
+    json_with_status(&body, status)
+}
+
+/// The direct-method route table; a device's method is the module's without a module.
+#[rustfmt::skip]
+pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
+    let caller = || caller(ctx.clone());
+    let device = warp::path!("twins" / PathId / "methods").map(|d: PathId| (d, None));
+    let module = warp::path!("twins" / PathId / "modules" / PathId / "methods").map(|d: PathId, m: PathId| (d, Some(m)));
+    one_of([
+        device.and(warp::post()).and(caller()).and(json_body()).then(invoke).boxed(),
+        module.and(warp::post()).and(caller()).and(json_body()).then(invoke).boxed(),
+    ])
 }
 
 async fn invoke(
-    device: String,
-    module: Option<String>,
+    (device, module): (PathId, Option<PathId>),
     ctx: Context,
     p: Principal,
     call: MethodCall,
-) -> Result<warp::reply::Response, ApiError> {
+) -> Handled {
+    let (device, module) = (device.0, module.map(|m| m.0));
     p.require_hub(Permission::ServiceConnect)?;
     if call.method_name.is_empty() || call.method_name.len() > 256 {
         return Err(ApiError::argument("methodName must be 1 to 256 characters"));
@@ -129,7 +145,7 @@ async fn invoke(
                     Value::String(String::from_utf8_lossy(&a.payload).into_owned())
                 })
             };
-            Ok(json_reply(
+            Ok(json(
                 &serde_json::json!({ "status": a.status, "payload": payload }),
             ))
         }
@@ -143,32 +159,4 @@ async fn invoke(
             ))
         }
     }
-}
-
-pub fn routes(
-    ctx: Context,
-) -> impl Filter<Extract = (warp::reply::Response,), Error = Rejection> + Clone {
-    let auth = authenticated(ctx.clone());
-    let with_ctx = warp::any().map(move || ctx.clone());
-    let device = warp::path!("twins" / PathId / "methods")
-        .and(warp::post())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and(json_body::<MethodCall>())
-        .and_then(|d: PathId, ctx, p, call| async move {
-            invoke(d.0, None, ctx, p, call)
-                .await
-                .map_err(warp::reject::custom)
-        });
-    let module = warp::path!("twins" / PathId / "modules" / PathId / "methods")
-        .and(warp::post())
-        .and(with_ctx)
-        .and(auth)
-        .and(json_body::<MethodCall>())
-        .and_then(|d: PathId, m: PathId, ctx, p, call| async move {
-            invoke(d.0, Some(m.0), ctx, p, call)
-                .await
-                .map_err(warp::reject::custom)
-        });
-    device.or(module).unify()
 }

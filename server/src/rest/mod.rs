@@ -1,6 +1,6 @@
-//! The HTTPS REST API: route table, the filters every route shares (authentication, ids in
-//! paths, JSON bodies, `If-Match`), and the one `recover` that turns failures into IoT Hub
-//! errors.
+//! The HTTPS REST API: every module's route table, the filters every route shares (the
+//! authenticated caller, ids in paths, JSON bodies, `If-Match`), [`reply`] (how a handler's
+//! result becomes the response) and the one `recover` that turns failures into IoT Hub errors.
 //!
 //! # Invariants
 //! - Every route authenticates before it touches the store, and checks its permission.
@@ -13,6 +13,7 @@ mod events;
 mod identities;
 pub mod identity_json;
 mod methods;
+pub mod reply;
 mod routing;
 mod statistics;
 mod telemetry;
@@ -24,7 +25,7 @@ use ferrohub_engine::model::IfMatch;
 use percent_encoding::percent_decode_str;
 use serde::de::DeserializeOwned;
 use warp::filters::BoxedFilter;
-use warp::{Filter, Rejection, Reply};
+use warp::{Filter, Rejection};
 
 use crate::auth::{AuthError, Principal};
 use crate::hub::{AuthFailure, HubContext};
@@ -118,36 +119,31 @@ pub fn if_match() -> impl Filter<Extract = (Option<IfMatch>,), Error = Rejection
     })
 }
 
-/// A JSON reply with IoT Hub's content type.
-pub fn json_reply<T: serde::Serialize>(value: &T) -> warp::reply::Response {
-    warp::reply::json(value).into_response()
+/// What every handler gets first: the context, and the caller authenticated from the request.
+pub fn caller(
+    ctx: Context,
+) -> impl Filter<Extract = (Context, Principal), Error = Rejection> + Clone {
+    let with_ctx = {
+        let ctx = ctx.clone();
+        warp::any().map(move || ctx.clone())
+    };
+    with_ctx.and(authenticated(ctx))
 }
 
-/// Every route of the REST API.
-/// Each module's filter is boxed: one nested type per module would exceed the compiler's
-/// recursion limit.
-/// Each module's filter is boxed: one nested filter type for all of them would exceed the
-/// compiler's recursion limit.
+/// Every route of the REST API, module by module, then the one `recover`.
 pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
-    identities::routes(ctx.clone())
-        .boxed()
-        .or(statistics::routes(ctx.clone()).boxed())
-        .unify()
-        .or(telemetry::routes(ctx.clone()).boxed())
-        .unify()
-        .or(events::routes(ctx.clone()).boxed())
-        .unify()
-        .or(certificates::routes(ctx.clone()).boxed())
-        .unify()
-        .or(twins::routes(ctx.clone()).boxed())
-        .unify()
-        .or(methods::routes(ctx.clone()).boxed())
-        .unify()
-        .or(c2d::routes(ctx.clone()).boxed())
-        .unify()
-        .or(routing::routes(ctx).boxed())
-        .unify()
-        .recover(error::recover)
-        .unify()
-        .boxed()
+    reply::first_of([
+        identities::routes(ctx.clone()),
+        statistics::routes(ctx.clone()),
+        telemetry::routes(ctx.clone()),
+        events::routes(ctx.clone()),
+        certificates::routes(ctx.clone()),
+        twins::routes(ctx.clone()),
+        methods::routes(ctx.clone()),
+        c2d::routes(ctx.clone()),
+        routing::routes(ctx),
+    ])
+    .recover(error::recover)
+    .unify()
+    .boxed()
 }

@@ -9,12 +9,15 @@
 use ferrohub_engine::endpoints::BUILTIN_ENDPOINT;
 use ferrohub_engine::notifications::EventSource;
 use ferrohub_engine::routing::{Enrichment, Route, RoutingConfig};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use warp::filters::BoxedFilter;
 use warp::http::StatusCode;
-use warp::{Filter, Rejection, Reply};
+use warp::Filter;
 
 use super::error::ApiError;
-use super::{authenticated, json_body, json_reply, Context, PathId};
+use super::reply::{json, json_with_status, no_content, one_of, Handled, Response};
+use super::{caller, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
 use crate::hub::routes::compile_stored;
 use crate::routing::RouteError;
@@ -73,6 +76,14 @@ fn route_json(r: &Route) -> RouteJson {
     }
 }
 
+fn enrichment_json(e: &Enrichment) -> EnrichmentJson {
+    EnrichmentJson {
+        key: e.key.clone(),
+        value: e.value.clone(),
+        endpoint_names: e.endpoints.clone(),
+    }
+}
+
 /// The built-in endpoint, then every custom one, as the stored slots say now.
 fn endpoints_json(store: &ferrohub_engine::Store) -> Vec<EndpointJson> {
     let builtin = store
@@ -93,9 +104,7 @@ fn config_json(c: &RoutingConfig, endpoints: Vec<EndpointJson>) -> serde_json::V
     serde_json::json!({
         "routes": c.routes.iter().map(route_json).collect::<Vec<_>>(),
         "fallbackRoute": FallbackJson { is_enabled: c.fallback_enabled },
-        "enrichments": c.enrichments.iter().map(|e| EnrichmentJson {
-            key: e.key.clone(), value: e.value.clone(), endpoint_names: e.endpoints.clone(),
-        }).collect::<Vec<_>>(),
+        "enrichments": c.enrichments.iter().map(enrichment_json).collect::<Vec<_>>(),
         "endpoints": endpoints,
     })
 }
@@ -134,230 +143,177 @@ fn authorise(p: &Principal, write: bool) -> Result<(), ApiError> {
     })?)
 }
 
-type Response = warp::reply::Response;
-
-fn reply(r: Result<Response, ApiError>) -> Result<Response, Rejection> {
-    r.map_err(warp::reject::custom)
+/// The routing API's route table: path, method, inputs, handler. Routes and enrichments are
+/// both named items of a list in the configuration, so they share their handlers.
+#[rustfmt::skip]
+pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
+    let caller = || caller(ctx.clone());
+    let route = || warp::path!("routing" / "routes" / PathId);
+    let enrichment = || warp::path!("routing" / "enrichments" / PathId);
+    let endpoint = || warp::path!("routing" / "endpoints" / PathId);
+    one_of([
+        warp::path!("routing").and(warp::get()).and(caller()).then(get_handler).boxed(),
+        route().and(warp::put()).and(caller()).and(json_body()).then(put_item_handler::<Route>).boxed(),
+        route().and(warp::delete()).and(caller()).then(delete_item_handler::<Route>).boxed(),
+        warp::path!("routing" / "fallback").and(warp::put()).and(caller()).and(json_body()).then(put_fallback_handler).boxed(),
+        enrichment().and(warp::put()).and(caller()).and(json_body()).then(put_item_handler::<Enrichment>).boxed(),
+        enrichment().and(warp::delete()).and(caller()).then(delete_item_handler::<Enrichment>).boxed(),
+        endpoint().and(warp::put()).and(caller()).and(json_body()).then(put_endpoint_handler).boxed(),
+        endpoint().and(warp::delete()).and(caller()).then(delete_endpoint_handler).boxed(),
+    ])
 }
 
-pub fn routes(ctx: Context) -> impl Filter<Extract = (Response,), Error = Rejection> + Clone {
-    let auth = authenticated(ctx.clone());
-    let with_ctx = warp::any().map(move || ctx.clone());
-    let get = warp::path!("routing")
-        .and(warp::get())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and_then(|ctx: Context, p: Principal| async move {
-            reply(
-                async {
-                    authorise(&p, false)?;
-                    let (c, endpoints) = ctx
-                        .store
-                        .run(|s| Ok::<_, RouteError>((s.routing_config()?, endpoints_json(s))))
-                        .await?;
-                    Ok(json_reply(&config_json(&c, endpoints)))
-                }
-                .await,
-            )
-        });
-    let put_route = warp::path!("routing" / "routes" / PathId)
-        .and(warp::put())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and(json_body::<RouteJson>())
-        .and_then(|name: PathId, ctx: Context, p: Principal, body: RouteJson| async move {
-            reply(
-                async {
-                    authorise(&p, true)?;
-                    let source = EventSource::parse(&body.source).ok_or_else(|| {
-                        ApiError::argument(format!(
-                            "source {:?} is not DeviceMessages, TwinChangeEvents, DeviceLifecycleEvents or DeviceConnectionStateEvents",
-                            body.source
-                        ))
-                    })?;
-                    let route = Route {
-                        name: name.0.clone(),
-                        source,
-                        condition: body.condition,
-                        endpoints: body.endpoint_names,
-                        enabled: body.is_enabled,
-                    };
-                    let answer = route_json(&route);
-                    change(&ctx, move |cfg| {
-                        match cfg.routes.iter_mut().find(|r| r.name == route.name) {
-                            Some(existing) => *existing = route,
-                            None => cfg.routes.push(route),
-                        }
-                        Ok(())
-                    })
-                    .await?;
-                    Ok(json_reply(&answer))
-                }
-                .await,
-            )
-        });
-    let delete_route = warp::path!("routing" / "routes" / PathId)
-        .and(warp::delete())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and_then(|name: PathId, ctx: Context, p: Principal| async move {
-            reply(
-                async {
-                    authorise(&p, true)?;
-                    let missing = name.0.clone();
-                    change(&ctx, move |cfg| {
-                        let before = cfg.routes.len();
-                        cfg.routes.retain(|r| r.name != name.0);
-                        if cfg.routes.len() == before {
-                            return Err(RouteError::NotFound(format!("route {missing}")));
-                        }
-                        Ok(())
-                    })
-                    .await?;
-                    Ok(no_content())
-                }
-                .await,
-            )
-        });
-    let put_fallback = warp::path!("routing" / "fallback")
-        .and(warp::put())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and(json_body::<FallbackJson>())
-        .and_then(
-            |ctx: Context, p: Principal, body: FallbackJson| async move {
-                reply(
-                    async {
-                        authorise(&p, true)?;
-                        let on = body.is_enabled;
-                        change(&ctx, move |cfg| {
-                            cfg.fallback_enabled = on;
-                            Ok(())
-                        })
-                        .await?;
-                        Ok(json_reply(&FallbackJson { is_enabled: on }))
-                    }
-                    .await,
-                )
-            },
-        );
-    let put_enrichment = warp::path!("routing" / "enrichments" / PathId)
-        .and(warp::put())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and(json_body::<EnrichmentJson>())
-        .and_then(
-            |key: PathId, ctx: Context, p: Principal, body: EnrichmentJson| async move {
-                reply(
-                    async {
-                        authorise(&p, true)?;
-                        let e = Enrichment {
-                            key: key.0.clone(),
-                            value: body.value,
-                            endpoints: body.endpoint_names,
-                        };
-                        let answer = EnrichmentJson {
-                            key: e.key.clone(),
-                            value: e.value.clone(),
-                            endpoint_names: e.endpoints.clone(),
-                        };
-                        change(&ctx, move |cfg| {
-                            match cfg.enrichments.iter_mut().find(|x| x.key == e.key) {
-                                Some(existing) => *existing = e,
-                                None => cfg.enrichments.push(e),
-                            }
-                            Ok(())
-                        })
-                        .await?;
-                        Ok(json_reply(&answer))
-                    }
-                    .await,
-                )
-            },
-        );
-    let delete_enrichment = warp::path!("routing" / "enrichments" / PathId)
-        .and(warp::delete())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and_then(|key: PathId, ctx: Context, p: Principal| async move {
-            reply(
-                async {
-                    authorise(&p, true)?;
-                    let missing = key.0.clone();
-                    change(&ctx, move |cfg| {
-                        let before = cfg.enrichments.len();
-                        cfg.enrichments.retain(|e| e.key != key.0);
-                        if cfg.enrichments.len() == before {
-                            return Err(RouteError::NotFound(format!("enrichment {missing}")));
-                        }
-                        Ok(())
-                    })
-                    .await?;
-                    Ok(no_content())
-                }
-                .await,
-            )
-        });
-    let put_endpoint = warp::path!("routing" / "endpoints" / PathId)
-        .and(warp::put())
-        .and(with_ctx.clone())
-        .and(auth.clone())
-        .and(json_body::<EndpointJson>())
-        .and_then(
-            |name: PathId, ctx: Context, p: Principal, body: EndpointJson| async move {
-                reply(
-                    async {
-                        authorise(&p, true)?;
-                        let n = name.0.clone();
-                        let at = ctx.clock.now();
-                        let e = ctx
-                            .store
-                            .run(move |s| s.create_endpoint(&n, body.partition_count, at))
-                            .await?;
-                        Ok(warp::reply::with_status(
-                            json_reply(&EndpointJson {
-                                name: e.name,
-                                partition_count: e.slot.partitions,
-                            }),
-                            StatusCode::CREATED,
-                        )
-                        .into_response())
-                    }
-                    .await,
-                )
-            },
-        );
-    let delete_endpoint = warp::path!("routing" / "endpoints" / PathId)
-        .and(warp::delete())
-        .and(with_ctx)
-        .and(auth)
-        .and_then(|name: PathId, ctx: Context, p: Principal| async move {
-            reply(
-                async {
-                    authorise(&p, true)?;
-                    let n = name.0.clone();
-                    ctx.store.run(move |s| s.delete_endpoint(&n)).await?;
-                    Ok(no_content())
-                }
-                .await,
-            )
-        });
-    get.or(put_route)
-        .unify()
-        .or(delete_route)
-        .unify()
-        .or(put_fallback)
-        .unify()
-        .or(put_enrichment)
-        .unify()
-        .or(delete_enrichment)
-        .unify()
-        .or(put_endpoint)
-        .unify()
-        .or(delete_endpoint)
-        .unify()
+/// Where the shared handlers find one kind of named item: what a "not found" calls it
+/// (`route`, `enrichment`), its list in the configuration, and its name.
+struct Place<T> {
+    kind: &'static str,
+    list: fn(&mut RoutingConfig) -> &mut Vec<T>,
+    name: fn(&T) -> &str,
 }
 
-fn no_content() -> Response {
-    warp::reply::with_status(warp::reply(), StatusCode::NO_CONTENT).into_response()
+impl<T> Place<T> {
+    const fn new(
+        kind: &'static str,
+        list: fn(&mut RoutingConfig) -> &mut Vec<T>,
+        name: fn(&T) -> &str,
+    ) -> Self {
+        Place { kind, list, name }
+    }
+}
+
+/// A named item of one of the configuration's lists (routes, enrichments): what the shared
+/// handlers need to add, replace or remove one.
+trait ListItem: Sized + Send + 'static {
+    const PLACE: Place<Self>;
+    /// Its JSON shape, both ways.
+    type Json: Serialize + DeserializeOwned + Send;
+    fn to_json(&self) -> Self::Json;
+    /// The item a `PUT` asks for; the path names it (a name in the body is ignored).
+    fn from_json(name: String, body: Self::Json) -> Result<Self, ApiError>;
+}
+
+impl ListItem for Route {
+    const PLACE: Place<Self> = Place::new("route", |c| &mut c.routes, |r| &r.name);
+    type Json = RouteJson;
+    fn to_json(&self) -> RouteJson {
+        route_json(self)
+    }
+    fn from_json(name: String, body: RouteJson) -> Result<Self, ApiError> {
+        let source = EventSource::parse(&body.source).ok_or_else(|| {
+            ApiError::argument(format!(
+                "source {:?} is not DeviceMessages, TwinChangeEvents, DeviceLifecycleEvents or DeviceConnectionStateEvents",
+                body.source
+            ))
+        })?;
+        Ok(Route {
+            name,
+            source,
+            condition: body.condition,
+            endpoints: body.endpoint_names,
+            enabled: body.is_enabled,
+        })
+    }
+}
+
+impl ListItem for Enrichment {
+    const PLACE: Place<Self> = Place::new("enrichment", |c| &mut c.enrichments, |e| &e.key);
+    type Json = EnrichmentJson;
+    fn from_json(key: String, body: EnrichmentJson) -> Result<Self, ApiError> {
+        Ok(Enrichment {
+            key,
+            value: body.value,
+            endpoints: body.endpoint_names,
+        })
+    }
+    fn to_json(&self) -> EnrichmentJson {
+        enrichment_json(self)
+    }
+}
+
+async fn get_handler(ctx: Context, p: Principal) -> Handled {
+    authorise(&p, false)?;
+    let (c, endpoints) = ctx
+        .store
+        .run(|s| Ok::<_, RouteError>((s.routing_config()?, endpoints_json(s))))
+        .await?;
+    Ok(json(&config_json(&c, endpoints)))
+}
+
+/// Adds the item the path names, or replaces the one of that name; answers with it.
+async fn put_item_handler<T: ListItem>(
+    path: PathId,
+    ctx: Context,
+    p: Principal,
+    body: T::Json,
+) -> Handled {
+    authorise(&p, true)?;
+    let item = T::from_json(path.0, body)?;
+    let answer = item.to_json();
+    let Place { list, name, .. } = T::PLACE;
+    change(&ctx, move |cfg| {
+        let items = list(cfg);
+        match items.iter_mut().find(|x| name(x) == name(&item)) {
+            Some(existing) => *existing = item,
+            None => items.push(item),
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(json(&answer))
+}
+
+/// Removes the item the path names; 404 when there is none.
+async fn delete_item_handler<T: ListItem>(path: PathId, ctx: Context, p: Principal) -> Handled {
+    authorise(&p, true)?;
+    let Place { kind, list, name } = T::PLACE;
+    let wanted = path.0;
+    change(&ctx, move |cfg| {
+        let items = list(cfg);
+        let before = items.len();
+        items.retain(|x| name(x) != wanted);
+        if items.len() == before {
+            return Err(RouteError::NotFound(format!("{kind} {wanted}")));
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(no_content())
+}
+
+async fn put_fallback_handler(ctx: Context, p: Principal, body: FallbackJson) -> Handled {
+    authorise(&p, true)?;
+    let on = body.is_enabled;
+    change(&ctx, move |cfg| {
+        cfg.fallback_enabled = on;
+        Ok(())
+    })
+    .await?;
+    Ok(json(&FallbackJson { is_enabled: on }))
+}
+
+async fn put_endpoint_handler(
+    name: PathId,
+    ctx: Context,
+    p: Principal,
+    body: EndpointJson,
+) -> Handled {
+    authorise(&p, true)?;
+    let n = name.0.clone();
+    let at = ctx.clock.now();
+    let e = ctx
+        .store
+        .run(move |s| s.create_endpoint(&n, body.partition_count, at))
+        .await?;
+    let answer = EndpointJson {
+        name: e.name,
+        partition_count: e.slot.partitions,
+    };
+    Ok(json_with_status(&answer, StatusCode::CREATED))
+}
+
+async fn delete_endpoint_handler(name: PathId, ctx: Context, p: Principal) -> Handled {
+    authorise(&p, true)?;
+    let n = name.0.clone();
+    ctx.store.run(move |s| s.delete_endpoint(&n)).await?;
+    Ok(no_content())
 }

@@ -9,41 +9,32 @@ use bytes::Bytes;
 use ferrohub_engine::d2c::NewEvent;
 use ferrohub_engine::model::{Identity, Status};
 use ferrohub_engine::RegistryError;
-use warp::http::{HeaderMap, StatusCode};
-use warp::{Filter, Rejection, Reply};
+use warp::filters::BoxedFilter;
+use warp::http::HeaderMap;
+use warp::Filter;
 
 use super::error::ApiError;
-use super::{authenticated, Context, PathId};
-use crate::ids::ModuleId;
+use super::reply::{no_content, one_of, Handled, Response};
+use super::{caller, Context, PathId};
 use crate::auth::{AuthError, Permission, Principal, Scope, Signer};
+use crate::ids::ModuleId;
 use crate::telemetry::{self, AuthMethod, DeviceMessage, MAX_MESSAGE_BYTES};
 
 /// Most messages in one batch (IoT Hub: 500).
 const MAX_BATCH: usize = 500;
 const BATCH_CONTENT_TYPE: &str = "application/vnd.microsoft.iothub.json";
 
-pub fn routes(
-    ctx: Context,
-) -> impl Filter<Extract = (warp::reply::Response,), Error = Rejection> + Clone {
-    let body = warp::body::content_length_limit(MAX_MESSAGE_BYTES as u64 + 64 * 1024)
-        .and(warp::body::bytes());
-    let c = ctx.clone();
-    let device = warp::path!("devices" / PathId / "messages" / "events")
-        .and(warp::post())
-        .and(authenticated(ctx.clone()))
-        .and(warp::header::headers_cloned())
-        .and(body.clone())
-        .and_then(move |id: PathId, p, h, b| send_handler(c.clone(), id.0, None, p, h, b));
-    let c = ctx.clone();
-    let module = warp::path!("devices" / PathId / "modules" / PathId / "messages" / "events")
-        .and(warp::post())
-        .and(authenticated(ctx))
-        .and(warp::header::headers_cloned())
-        .and(body)
-        .and_then(move |id: PathId, mid: PathId, p, h, b| {
-            send_handler(c.clone(), id.0, Some(mid.0), p, h, b)
-        });
-    device.or(module).unify()
+/// The telemetry route table; a device's events path is the module's without a module.
+#[rustfmt::skip]
+pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
+    let caller = || caller(ctx.clone());
+    let body = || warp::body::content_length_limit(MAX_MESSAGE_BYTES as u64 + 64 * 1024).and(warp::body::bytes());
+    let device = warp::path!("devices" / PathId / "messages" / "events").map(|d: PathId| (d, None));
+    let module = warp::path!("devices" / PathId / "modules" / PathId / "messages" / "events").map(|d: PathId, m: PathId| (d, Some(m)));
+    one_of([
+        device.and(warp::post()).and(caller()).and(warp::header::headers_cloned()).and(body()).then(send_handler).boxed(),
+        module.and(warp::post()).and(caller()).and(warp::header::headers_cloned()).and(body()).then(send_handler).boxed(),
+    ])
 }
 
 /// The caller may send for this identity: its own key, or DeviceConnect at hub scope or
@@ -133,68 +124,61 @@ fn batch_messages(body: &[u8]) -> Result<Vec<DeviceMessage>, ApiError> {
 }
 
 async fn send_handler(
+    (device, module): (PathId, Option<PathId>),
     ctx: Context,
-    device_id: String,
-    module_id: Option<String>,
     p: Principal,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<warp::reply::Response, Rejection> {
-    let result = async {
-        let hub_policy = authorise(&p, &device_id, module_id.as_deref())?;
-        let (d, m) = (device_id.clone(), module_id.clone());
-        let identity: Identity = ctx
-            .store
-            .run(move |s| {
-                let device = s.get_device(&d)?;
-                if device.status == Status::Disabled {
-                    return Err(RegistryError::Invalid(
-                        ferrohub_engine::ValidationError::Invalid {
-                            field: "deviceId",
-                            reason: "the device is disabled".into(),
-                        },
-                    ));
-                }
-                match &m {
-                    Some(m) => s.get_module(&d, m),
-                    None => Ok(device),
-                }
-            })
-            .await
-            .map_err(|e| match e {
-                RegistryError::Invalid(_) => {
-                    ApiError::Unauthorized(AuthError::Disabled(device_id.clone()))
-                }
-                other => ApiError::Registry(other),
-            })?;
-        let is_batch = headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with(BATCH_CONTENT_TYPE));
-        let messages = if is_batch {
-            batch_messages(&body)?
-        } else {
-            vec![DeviceMessage {
-                properties: header_properties(&headers)?,
-                body: body.to_vec(),
-            }]
-        };
-        let method = AuthMethod::for_identity(&identity, hub_policy);
-        let events: Vec<NewEvent> = messages
-            .into_iter()
-            .map(|m| {
-                telemetry::to_event(&identity, method, m)
-                    .map_err(|e| ApiError::TooLarge(e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let lane = ctx.telemetry_lane();
-        ctx.append_telemetry(&lane, events, module_id.map(ModuleId::new))
-            .await
-            .await?;
-        Ok::<_, ApiError>(
-            warp::reply::with_status(warp::reply(), StatusCode::NO_CONTENT).into_response(),
-        )
-    }
-    .await;
-    result.map_err(warp::reject::custom)
+) -> Handled {
+    let (device_id, module_id) = (device.0, module.map(|m| m.0));
+    let hub_policy = authorise(&p, &device_id, module_id.as_deref())?;
+    let (d, m) = (device_id.clone(), module_id.clone());
+    let identity: Identity = ctx
+        .store
+        .run(move |s| {
+            let device = s.get_device(&d)?;
+            if device.status == Status::Disabled {
+                return Err(RegistryError::Invalid(
+                    ferrohub_engine::ValidationError::Invalid {
+                        field: "deviceId",
+                        reason: "the device is disabled".into(),
+                    },
+                ));
+            }
+            match &m {
+                Some(m) => s.get_module(&d, m),
+                None => Ok(device),
+            }
+        })
+        .await
+        .map_err(|e| match e {
+            RegistryError::Invalid(_) => {
+                ApiError::Unauthorized(AuthError::Disabled(device_id.clone()))
+            }
+            other => ApiError::Registry(other),
+        })?;
+    let is_batch = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(BATCH_CONTENT_TYPE));
+    let messages = if is_batch {
+        batch_messages(&body)?
+    } else {
+        vec![DeviceMessage {
+            properties: header_properties(&headers)?,
+            body: body.to_vec(),
+        }]
+    };
+    let method = AuthMethod::for_identity(&identity, hub_policy);
+    let events: Vec<NewEvent> = messages
+        .into_iter()
+        .map(|m| {
+            telemetry::to_event(&identity, method, m).map_err(|e| ApiError::TooLarge(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let lane = ctx.telemetry_lane();
+    ctx.append_telemetry(&lane, events, module_id.map(ModuleId::new))
+        .await
+        .await?;
+    Ok(no_content())
 }

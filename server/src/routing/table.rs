@@ -111,11 +111,10 @@ pub fn compile(
 ) -> Result<Table, RouteError> {
     let mut slots = HashMap::new();
     let mut resolve = |owner: &str, name: &str| -> Result<(), RouteError> {
-        let slot = endpoint(name)
-            .ok_or_else(|| RouteError::UnknownEndpoint {
-                owner: owner.to_string(),
-                endpoint: name.to_string(),
-            })?;
+        let slot = endpoint(name).ok_or_else(|| RouteError::UnknownEndpoint {
+            owner: owner.to_string(),
+            endpoint: name.to_string(),
+        })?;
         slots.insert(name.to_string(), slot);
         Ok(())
     };

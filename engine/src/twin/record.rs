@@ -1,0 +1,43 @@
+//! The twin as data: the stored record and the twin as read (record plus identity).
+//! The `store` module reads and writes it; the `changes` module describes its changes for the
+//! notification outbox. Both import this module, neither imports the other.
+//!
+//! # Invariants
+//! - A new twin has version 1 and empty sections; `version` and `etag` change with every write.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::document::{json_text, Section};
+use crate::model::{next_etag, Identity, UnixMillis};
+
+/// A stored twin (identity fields come from the identity record).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TwinRecord {
+    #[serde(with = "json_text")]
+    pub tags: Map<String, Value>,
+    pub desired: Section,
+    pub reported: Section,
+    pub version: u64,
+    pub etag: String,
+}
+
+impl TwinRecord {
+    /// The twin of a new identity.
+    pub fn empty(created: UnixMillis) -> Self {
+        TwinRecord {
+            tags: Map::new(),
+            desired: Section::new(created),
+            reported: Section::new(created),
+            version: 1,
+            etag: next_etag(None),
+        }
+    }
+}
+
+/// A twin with the identity it belongs to.
+#[derive(Debug, Clone)]
+pub struct Twin {
+    pub identity: Identity,
+    pub record: TwinRecord,
+}
