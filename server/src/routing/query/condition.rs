@@ -10,8 +10,9 @@
 
 use serde_json::Value;
 
+use super::ast::Expr;
 use super::eval::MessageView;
-use super::parse::{parse_condition, Expr};
+use super::parse::parse_condition;
 use super::QueryError;
 
 /// Longest condition accepted, in characters.

@@ -15,12 +15,12 @@
 //!   shared (`Send + Sync`) and never changes.
 
 use std::borrow::Cow;
-use std::cmp::Ordering;
 
-use serde_json::{Number, Value};
+use serde_json::Value;
 
+use super::ast::{Expr, Step};
 use super::lex::BinOp;
-use super::parse::{Expr, Step};
+use super::value::{arithmetic, compare_numbers, negate, Eval};
 
 /// What a condition can look at in one message. Values are JSON values; `None` = undefined.
 pub trait MessageView {
@@ -39,10 +39,6 @@ pub trait MessageView {
         None
     }
 }
-
-/// A value, or `None` for undefined. Borrowed where it can be (literals, `$body` fields), so
-/// evaluation does not copy the body.
-pub(crate) type Eval<'a> = Option<Cow<'a, Value>>;
 
 fn owned<'a>(value: Option<Value>) -> Eval<'a> {
     value.map(Cow::Owned)
@@ -152,58 +148,6 @@ fn equality(op: BinOp, equal: bool) -> Option<bool> {
         BinOp::Ne => Some(!equal),
         _ => None,
     }
-}
-
-/// By value: exactly for two integers, as f64 otherwise (so `1 = 1.0`).
-fn compare_numbers(a: &Number, b: &Number) -> Option<Ordering> {
-    if let (Some(x), Some(y)) = (a.as_i64(), b.as_i64()) {
-        return Some(x.cmp(&y));
-    }
-    if let (Some(x), Some(y)) = (a.as_u64(), b.as_u64()) {
-        return Some(x.cmp(&y));
-    }
-    a.as_f64()?.partial_cmp(&b.as_f64()?)
-}
-
-/// A finite f64 as a JSON number; NaN and infinities are undefined.
-pub(crate) fn float_value(x: f64) -> Option<Value> {
-    Number::from_f64(x).map(Value::Number)
-}
-
-/// Exact on integers when the result fits, f64 otherwise; division by zero is undefined.
-fn arithmetic(op: BinOp, a: &Number, b: &Number) -> Option<Value> {
-    if let (Some(x), Some(y)) = (a.as_i64(), b.as_i64()) {
-        let exact = match op {
-            BinOp::Add => x.checked_add(y),
-            BinOp::Sub => x.checked_sub(y),
-            BinOp::Mul => x.checked_mul(y),
-            BinOp::Rem => x.checked_rem(y),
-            _ => None,
-        };
-        if let Some(result) = exact {
-            return Some(result.into());
-        }
-    }
-    let (x, y) = (a.as_f64()?, b.as_f64()?);
-    let result = match op {
-        BinOp::Add => x + y,
-        BinOp::Sub => x - y,
-        BinOp::Mul => x * y,
-        BinOp::Div | BinOp::Rem if y == 0.0 => return None,
-        BinOp::Div => x / y,
-        BinOp::Rem => x % y,
-        _ => return None,
-    };
-    float_value(result)
-}
-
-/// Unary minus; the parser also uses it to fold `-5` into a literal.
-pub(crate) fn negate(value: &Value) -> Option<Value> {
-    let n = value.as_number()?;
-    if let Some(negated) = n.as_i64().and_then(i64::checked_neg) {
-        return Some(negated.into());
-    }
-    float_value(-n.as_f64()?)
 }
 
 #[cfg(test)]

@@ -24,7 +24,9 @@
 //! - `parse`: tokens to an expression tree; `parse::parse_expression` is the reusable
 //!   expression parser (a later twin query parser wraps it with `SELECT`/`FROM`/`WHERE`/`GROUP
 //!   BY`), which is why `lex` and `parse` are visible to the rest of the crate.
+//! - `ast`: the expression tree and the built-in functions' names and arity.
 //! - `eval`: [`MessageView`] and the operators' semantics over JSON values.
+//! - `value`: undefined, and number semantics shared by operators, functions and the parser.
 //! - `functions`: the built-in functions, their arity and results.
 //! - `error`: [`QueryError`].
 //!
@@ -40,6 +42,7 @@
 //!   see (pinned verbatim by the tests) and the depth cap would need as much custom code there,
 //!   and parsing runs once per stored route, never on the message path.
 
+mod ast;
 mod condition;
 mod error;
 mod eval;
@@ -48,6 +51,7 @@ pub(crate) mod lex;
 pub(crate) mod parse;
 #[cfg(test)]
 mod test_support;
+mod value;
 
 pub use condition::Condition;
 pub use error::QueryError;

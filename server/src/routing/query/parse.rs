@@ -35,9 +35,9 @@
 
 use serde_json::Value;
 
-use super::eval::negate;
-use super::functions::Func;
+use super::ast::{Expr, Func, Step};
 use super::lex::{tokenize, BinOp, Tok, Token};
+use super::value::negate;
 use super::QueryError;
 
 /// Deepest nesting of parentheses, function calls, `NOT` and unary minus.
@@ -61,39 +61,6 @@ const SYSTEM_PROPERTIES: &[&str] = &[
     "dt-dataschema",
     "dt-subject",
 ];
-
-/// One step of a `$body` / `$twin` path.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Step {
-    Field(String),
-    Index(usize),
-}
-
-/// A parsed expression; evaluated by `Expr::eval`.
-#[derive(Debug, Clone)]
-pub(crate) enum Expr {
-    Literal(Value),
-    /// `$name`, by its canonical name.
-    System(String),
-    /// An application property.
-    App(String),
-    Body(Vec<Step>),
-    /// `$twin`: the leading field names go to [`MessageView::twin`], the rest (from the first
-    /// array index on) is walked in the value it returns.
-    ///
-    /// [`MessageView::twin`]: super::MessageView::twin
-    Twin {
-        names: Vec<String>,
-        rest: Vec<Step>,
-    },
-    Not(Box<Expr>),
-    Neg(Box<Expr>),
-    And(Vec<Expr>),
-    Or(Vec<Expr>),
-    /// A left-associative run of operators of one precedence level: `a op b op c`.
-    Chain(Box<Expr>, Vec<(BinOp, Expr)>),
-    Call(Func, Vec<Expr>),
-}
 
 /// A routing condition: one expression that must use up the text.
 ///
