@@ -23,6 +23,13 @@ macro_rules! string_id {
             }
         }
 
+        // Hash and Eq agree with `str`'s, so a map keyed by the id can be probed with a `&str`.
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
         impl Deref for $name {
             type Target = str;
             fn deref(&self) -> &str {
@@ -81,6 +88,13 @@ pub struct Identity {
 }
 
 impl Identity {
+    pub fn new(device_id: impl Into<String>, module_id: Option<impl Into<String>>) -> Identity {
+        Identity {
+            device_id: DeviceId::new(device_id),
+            module_id: module_id.map(ModuleId::new),
+        }
+    }
+
     pub fn for_device(device_id: impl Into<String>) -> Identity {
         Identity {
             device_id: DeviceId::new(device_id),
@@ -101,6 +115,11 @@ impl Identity {
             Some(m) => format!("{}/{m}", self.device_id),
             None => self.device_id.0.clone(),
         })
+    }
+
+    /// Whether this is a module rather than its device.
+    pub fn is_module(&self) -> bool {
+        self.module_id.is_some()
     }
 
     /// The module id as `&str`, for engine calls that take `Option<&str>`.

@@ -150,10 +150,9 @@ def test_silent_device_is_504101_after_the_response_timeout(sdk_hub):
     sdk_hub.create_device("m-silent")
     c = connect_device(sdk_hub, "m-silent")
     assert c.subscribe([("$iothub/methods/POST/#", 1)]) == [1]
-    t0 = time.time()
+    # When it times out is tested in virtual time (tests/tests/inproc_timing.rs).
     r = invoke_raw(sdk_hub, "m-silent", None, response=5)
     assert (r.status_code, r.json()["errorCode"]) == (504, 504101)
-    assert 4.5 < time.time() - t0 < 9
     # The request did reach the device; its late answer, and an unknown one, are dropped harmlessly.
     topic, _ = read_publish(c)
     late_rid = topic.split("$rid=")[1]

@@ -16,6 +16,7 @@ use ferrohub_engine::c2d::{SweepReport, TimerKind};
 use tokio_util::sync::CancellationToken;
 
 use super::context::HubContext;
+use crate::ids::DeviceId;
 
 /// Most timers one sweep handles before it commits and looks again.
 const SWEEP_LIMIT: usize = 512;
@@ -47,7 +48,7 @@ pub async fn run(kind: TimerKind, ctx: HubContext, shutdown: CancellationToken) 
                 }
                 // Requeued messages are deliverable again; dead ones freed window room.
                 for device in report.requeued_devices.iter().chain(&report.dead_devices) {
-                    connections.wake_c2d(device);
+                    connections.wake_c2d(&DeviceId::new(device.as_str()));
                 }
                 report.more
             }

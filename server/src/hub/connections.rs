@@ -14,6 +14,8 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::ids::{ClientId, DeviceId, Identity};
+
 /// What the hub pushes to a connected device, outside any request of its own.
 #[derive(Debug, Clone)]
 pub enum Outbound {
@@ -48,7 +50,7 @@ struct Entry {
     methods: Arc<std::sync::atomic::AtomicBool>,
     /// Tells the connection to look at its device's C2D queue again.
     c2d_wake: Arc<tokio::sync::Notify>,
-    device_id: String,
+    device_id: DeviceId,
     is_module: bool,
     kick: CancellationToken,
     reason: Arc<Mutex<Option<KickReason>>>,
@@ -56,7 +58,7 @@ struct Entry {
 
 #[derive(Default)]
 pub struct Connections {
-    entries: Mutex<HashMap<String, Entry>>,
+    entries: Mutex<HashMap<ClientId, Entry>>,
     next_id: AtomicU64,
     connected_devices: AtomicU64,
 }
@@ -68,7 +70,7 @@ pub struct Registration {
     /// Notified when the device's C2D queue may have deliverable messages.
     pub c2d_wake: Arc<tokio::sync::Notify>,
     connections: Arc<Connections>,
-    client_id: String,
+    client_id: ClientId,
     id: u64,
     pub kicked: CancellationToken,
     reason: Arc<Mutex<Option<KickReason>>>,
@@ -115,11 +117,10 @@ impl Connections {
     /// Registers a connection, kicking any older one with the same client id.
     pub fn register(
         self: &Arc<Self>,
-        client_id: &str,
-        device_id: &str,
-        is_module: bool,
+        who: &Identity,
         outbound: mpsc::Sender<Outbound>,
     ) -> Registration {
+        let (client_id, is_module) = (who.client_id(), who.is_module());
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let kick = CancellationToken::new();
         let reason = Arc::new(Mutex::new(None));
@@ -130,13 +131,13 @@ impl Connections {
             outbound,
             methods: Arc::clone(&methods),
             c2d_wake: Arc::clone(&c2d_wake),
-            device_id: device_id.to_string(),
+            device_id: who.device_id.clone(),
             is_module,
             kick: kick.clone(),
             reason: Arc::clone(&reason),
         };
         let mut entries = self.entries.lock();
-        match entries.insert(client_id.to_string(), entry) {
+        match entries.insert(client_id.clone(), entry) {
             Some(old) => {
                 *old.reason.lock() = Some(KickReason::Replaced);
                 old.kick.cancel();
@@ -150,7 +151,7 @@ impl Connections {
             methods,
             c2d_wake,
             connections: Arc::clone(self),
-            client_id: client_id.to_string(),
+            client_id,
             id,
             kicked: kick,
             reason,
@@ -158,10 +159,10 @@ impl Connections {
     }
 
     /// Kicks the device's connection and those of all its modules.
-    pub fn kick_device(&self, device_id: &str) -> usize {
+    pub fn kick_device(&self, device_id: &DeviceId) -> usize {
         let entries = self.entries.lock();
         let mut n = 0;
-        for e in entries.values().filter(|e| e.device_id == device_id) {
+        for e in entries.values().filter(|e| e.device_id == *device_id) {
             *e.reason.lock() = Some(KickReason::IdentityChanged);
             e.kick.cancel();
             n += 1;
@@ -169,8 +170,17 @@ impl Connections {
         n
     }
 
+    /// Kicks the identity's connections: a device's with its modules', or one module's.
+    pub fn kick(&self, who: &Identity) {
+        if who.is_module() {
+            self.kick_client(&who.client_id());
+        } else {
+            self.kick_device(&who.device_id);
+        }
+    }
+
     /// Kicks one module's connection.
-    pub fn kick_client(&self, client_id: &str) {
+    pub fn kick_client(&self, client_id: &ClientId) {
         if let Some(e) = self.entries.lock().get(client_id) {
             *e.reason.lock() = Some(KickReason::IdentityChanged);
             e.kick.cancel();
@@ -179,7 +189,7 @@ impl Connections {
 
     /// Queues a message for a connected client; false if it is not connected or its queue is
     /// full (the message is then dropped).
-    pub fn notify(&self, client_id: &str, message: Outbound) -> bool {
+    pub fn notify(&self, client_id: &ClientId, message: Outbound) -> bool {
         match self.entries.lock().get(client_id) {
             Some(e) => e.outbound.try_send(message).is_ok(),
             None => false,
@@ -187,7 +197,7 @@ impl Connections {
     }
 
     /// The outbound queue of a client that is connected and subscribed to methods.
-    pub fn method_target(&self, client_id: &str) -> Option<mpsc::Sender<Outbound>> {
+    pub fn method_target(&self, client_id: &ClientId) -> Option<mpsc::Sender<Outbound>> {
         let entries = self.entries.lock();
         let e = entries.get(client_id)?;
         e.methods
@@ -196,8 +206,9 @@ impl Connections {
     }
 
     /// Wakes the C2D delivery of a device's connection, if it is connected.
-    pub fn wake_c2d(&self, device_id: &str) {
-        if let Some(e) = self.entries.lock().get(device_id) {
+    pub fn wake_c2d(&self, device_id: &DeviceId) {
+        // A device's client id is its device id.
+        if let Some(e) = self.entries.lock().get(device_id.as_str()) {
             if !e.is_module {
                 e.c2d_wake.notify_one();
             }
@@ -214,6 +225,10 @@ impl Connections {
 mod tests {
     use super::*;
 
+    pub(super) fn dev(id: &str) -> Identity {
+        Identity::for_device(id)
+    }
+
     fn tx() -> mpsc::Sender<Outbound> {
         mpsc::channel(1).0
     }
@@ -221,8 +236,8 @@ mod tests {
     #[test]
     fn newer_connection_kicks_older_and_older_cannot_evict_it() {
         let c = Connections::new();
-        let first = c.register("d", "d", false, tx());
-        let second = c.register("d", "d", false, tx());
+        let first = c.register(&dev("d"), tx());
+        let second = c.register(&dev("d"), tx());
         assert!(first.kicked.is_cancelled());
         assert_eq!(first.kick_reason(), Some(KickReason::Replaced));
         assert!(!second.kicked.is_cancelled());
@@ -237,10 +252,10 @@ mod tests {
     #[test]
     fn kick_device_reaches_modules() {
         let c = Connections::new();
-        let d = c.register("d", "d", false, tx());
-        let m = c.register("d/m", "d", true, tx());
-        let other = c.register("d2", "d2", false, tx());
-        assert_eq!(c.kick_device("d"), 2);
+        let d = c.register(&dev("d"), tx());
+        let m = c.register(&Identity::for_module("d", "m"), tx());
+        let other = c.register(&dev("d2"), tx());
+        assert_eq!(c.kick_device(&DeviceId::new("d")), 2);
         assert!(d.kicked.is_cancelled() && m.kicked.is_cancelled() && !other.kicked.is_cancelled());
         assert_eq!(c.connected_devices(), 2);
     }
@@ -248,6 +263,7 @@ mod tests {
 
 #[cfg(test)]
 mod notify_tests {
+    use super::tests::dev;
     use super::*;
 
     #[test]
@@ -255,18 +271,18 @@ mod notify_tests {
         let c = Connections::new();
         let (tx1, mut rx1) = mpsc::channel(4);
         let (tx2, mut rx2) = mpsc::channel(1);
-        let _a = c.register("d", "d", false, tx1);
+        let _a = c.register(&dev("d"), tx1);
         assert!(c.notify(
-            "d",
+            &ClientId::new("d"),
             Outbound::DesiredPatch {
                 version: 2,
                 body: b"{}".to_vec()
             }
         ));
         assert!(rx1.try_recv().is_ok());
-        let _b = c.register("d", "d", false, tx2);
+        let _b = c.register(&dev("d"), tx2);
         assert!(c.notify(
-            "d",
+            &ClientId::new("d"),
             Outbound::DesiredPatch {
                 version: 3,
                 body: b"{}".to_vec()
@@ -274,7 +290,7 @@ mod notify_tests {
         ));
         assert!(
             !c.notify(
-                "d",
+                &ClientId::new("d"),
                 Outbound::DesiredPatch {
                     version: 4,
                     body: b"{}".to_vec()
@@ -284,7 +300,7 @@ mod notify_tests {
         );
         assert!(rx2.try_recv().is_ok() && rx1.try_recv().is_err());
         assert!(!c.notify(
-            "nobody",
+            &ClientId::new("nobody"),
             Outbound::DesiredPatch {
                 version: 1,
                 body: vec![]

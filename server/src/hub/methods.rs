@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
+use crate::ids::ClientId;
+
 /// A device's answer: its status code and raw payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MethodAnswer {
@@ -19,27 +21,27 @@ pub struct MethodAnswer {
 
 #[derive(Default)]
 pub struct PendingCalls {
-    waiting: Mutex<HashMap<(String, String), oneshot::Sender<MethodAnswer>>>,
+    waiting: Mutex<HashMap<(ClientId, String), oneshot::Sender<MethodAnswer>>>,
     next_rid: AtomicU64,
 }
 
 impl PendingCalls {
     /// Registers a call to `client_id`; returns its request id and the answer's receiver.
-    pub fn start(&self, client_id: &str) -> (String, oneshot::Receiver<MethodAnswer>) {
+    pub fn start(&self, client_id: &ClientId) -> (String, oneshot::Receiver<MethodAnswer>) {
         let rid = self.next_rid.fetch_add(1, Ordering::Relaxed).to_string();
         let (tx, rx) = oneshot::channel();
         self.waiting
             .lock()
-            .insert((client_id.to_string(), rid.clone()), tx);
+            .insert((client_id.clone(), rid.clone()), tx);
         (rid, rx)
     }
 
     /// Delivers a device's answer; false if no caller waits for it (unknown or late).
-    pub fn complete(&self, client_id: &str, rid: &str, answer: MethodAnswer) -> bool {
+    pub fn complete(&self, client_id: &ClientId, rid: &str, answer: MethodAnswer) -> bool {
         match self
             .waiting
             .lock()
-            .remove(&(client_id.to_string(), rid.to_string()))
+            .remove(&(client_id.clone(), rid.to_string()))
         {
             Some(tx) => tx.send(answer).is_ok(),
             None => false,
@@ -47,10 +49,10 @@ impl PendingCalls {
     }
 
     /// Forgets a call whose caller stopped waiting.
-    pub fn abandon(&self, client_id: &str, rid: &str) {
+    pub fn abandon(&self, client_id: &ClientId, rid: &str) {
         self.waiting
             .lock()
-            .remove(&(client_id.to_string(), rid.to_string()));
+            .remove(&(client_id.clone(), rid.to_string()));
     }
 }
 
@@ -61,9 +63,10 @@ mod tests {
     #[test]
     fn answers_reach_only_their_caller() {
         let p = PendingCalls::default();
-        let (rid, mut rx) = p.start("d");
+        let (d, other) = (ClientId::new("d"), ClientId::new("other"));
+        let (rid, mut rx) = p.start(&d);
         assert!(!p.complete(
-            "other",
+            &other,
             &rid,
             MethodAnswer {
                 status: 200,
@@ -71,7 +74,7 @@ mod tests {
             }
         ));
         assert!(!p.complete(
-            "d",
+            &d,
             "nope",
             MethodAnswer {
                 status: 200,
@@ -79,7 +82,7 @@ mod tests {
             }
         ));
         assert!(p.complete(
-            "d",
+            &d,
             &rid,
             MethodAnswer {
                 status: 201,
@@ -89,7 +92,7 @@ mod tests {
         assert_eq!(rx.try_recv().unwrap().status, 201);
         assert!(
             !p.complete(
-                "d",
+                &d,
                 &rid,
                 MethodAnswer {
                     status: 200,
@@ -98,10 +101,10 @@ mod tests {
             ),
             "late answers are dropped"
         );
-        let (rid2, _rx2) = p.start("d");
-        p.abandon("d", &rid2);
+        let (rid2, _rx2) = p.start(&d);
+        p.abandon(&d, &rid2);
         assert!(!p.complete(
-            "d",
+            &d,
             &rid2,
             MethodAnswer {
                 status: 200,

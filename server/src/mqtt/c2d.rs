@@ -30,7 +30,7 @@ use super::property_bag;
 use crate::c2d_message;
 use crate::clock::Clock;
 use crate::hub::HubContext;
-use crate::ids::DeviceId;
+use crate::ids::{DeviceId, LockToken};
 
 /// Messages locked for one connection at a time.
 pub const WINDOW: usize = 16;
@@ -60,7 +60,7 @@ impl SettleMode {
 
 struct InFlight {
     pkid: Option<u16>,
-    lock_token: String,
+    lock_token: LockToken,
     /// When the message stops holding a place in the window (lock or message expiry).
     lock_until: Instant,
 }
@@ -155,12 +155,16 @@ impl Delivery {
             if pkid.is_some() || self.mode == SettleMode::Explicit {
                 self.inflight.push(InFlight {
                     pkid,
-                    lock_token: d.lock_token.clone(),
+                    lock_token: LockToken::new(d.lock_token.clone()),
                     lock_until: held_until(&d, lock_for, &ctx.clock),
                 });
             } else {
                 // QoS 0 in standard mode: delivered means completed.
-                self.settle_in_background(ctx, d.lock_token.clone(), Settle::Complete);
+                self.settle_in_background(
+                    ctx,
+                    LockToken::new(d.lock_token.clone()),
+                    Settle::Complete,
+                );
             }
             out.push(Outgoing {
                 topic,
@@ -201,7 +205,7 @@ impl Delivery {
     pub fn on_settle(
         &mut self,
         ctx: &HubContext,
-        lock_token: String,
+        lock_token: LockToken,
         action: Settle,
     ) -> impl Future<Output = Result<(), String>> + Send {
         self.inflight.retain(|f| f.lock_token != lock_token);
@@ -218,7 +222,7 @@ impl Delivery {
         }
     }
 
-    fn settle_in_background(&self, ctx: &HubContext, lock_token: String, action: Settle) {
+    fn settle_in_background(&self, ctx: &HubContext, lock_token: LockToken, action: Settle) {
         let (ctx, device) = (ctx.clone(), self.device_id.clone());
         tokio::spawn(async move {
             if let Err(e) = settle(&ctx, &device, lock_token, action).await {
@@ -248,7 +252,7 @@ impl Delivery {
                     self.inflight.push(InFlight {
                         pkid: None,
                         lock_until: held_until(&d, lock_for, &ctx.clock),
-                        lock_token: d.lock_token,
+                        lock_token: LockToken::new(d.lock_token),
                     });
                 }
             }
@@ -280,12 +284,12 @@ fn held_until(d: &Delivered, lock_for: Duration, clock: &Clock) -> Instant {
 /// is deliverable again).
 async fn settle(
     ctx: &HubContext,
-    device_id: &str,
-    lock_token: String,
+    device_id: &DeviceId,
+    lock_token: LockToken,
     action: Settle,
 ) -> Result<Settled, ferrohub_engine::c2d::C2dError> {
     let settings = ctx.c2d.settings;
-    let id = device_id.to_string();
+    let id = device_id.clone();
     let at = ctx.clock.now();
     let result = ctx
         .store

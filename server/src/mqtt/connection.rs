@@ -143,12 +143,7 @@ where
     };
     let client_id = auth.who.client_id();
     let (outbound_tx, outbound) = mpsc::channel(OUTBOUND_QUEUE);
-    let registration = ctx.connections.register(
-        &client_id,
-        &auth.who.device_id,
-        auth.who.module_id.is_some(),
-        outbound_tx,
-    );
+    let registration = ctx.connections.register(&auth.who, outbound_tx);
 
     let persistent = !connect.clean_session();
     let stored = {

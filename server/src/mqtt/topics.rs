@@ -3,6 +3,7 @@
 //! Device and module ids cannot contain `/` (REG-1), so splitting on `/` is exact.
 
 pub use crate::ids::Identity;
+use crate::ids::LockToken;
 
 /// The topic prefix of an identity's own topics.
 fn prefix(who: &Identity) -> String {
@@ -31,7 +32,7 @@ pub enum Inbound<'a> {
     },
     /// C2D-7 (beyond IoT Hub): `devices/{id}/messages/devicebound/{lockToken}/{action}`.
     C2dSettle {
-        lock_token: String,
+        lock_token: LockToken,
         action: ferrohub_engine::c2d::Settle,
     },
 }
@@ -108,7 +109,7 @@ pub fn parse_publish<'a>(topic: &'a str, me: &Identity) -> Result<Inbound<'a>, T
                     _ => return None,
                 };
                 (!token.is_empty()).then(|| Inbound::C2dSettle {
-                    lock_token: token.to_string(),
+                    lock_token: LockToken::new(token),
                     action,
                 })
             });
@@ -189,7 +190,7 @@ mod tests {
         assert_eq!(
             parse_publish("devices/dev1/messages/devicebound/0000-1/reject", &dev()),
             Ok(Inbound::C2dSettle {
-                lock_token: "0000-1".into(),
+                lock_token: LockToken::new("0000-1"),
                 action: ferrohub_engine::c2d::Settle::Reject
             })
         );

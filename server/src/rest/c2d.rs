@@ -23,6 +23,7 @@ use super::reply::{json, no_content, one_of, Handled, Response};
 use super::{caller, Context, PathId};
 use crate::auth::{AuthError, Permission, Principal};
 use crate::c2d_message::{self, MAX_C2D_BYTES};
+use crate::ids::{DeviceId, LockToken};
 
 const FEEDBACK_CONTENT_TYPE: &str = "application/vnd.microsoft.iothub.feedback.json";
 
@@ -148,7 +149,7 @@ async fn send(
     headers: HeaderMap,
     body: Bytes,
 ) -> Handled {
-    let device_id = device.0;
+    let device_id = DeviceId::new(device.0);
     p.require_hub(Permission::ServiceConnect)?;
     let message = message_from(&headers, body)?;
     let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
@@ -162,7 +163,7 @@ async fn send(
 }
 
 async fn purge(device: PathId, ctx: Context, p: Principal) -> Handled {
-    let device_id = device.0;
+    let device_id = DeviceId::new(device.0);
     p.require_hub(Permission::ServiceConnect)?;
     let id = device_id.clone();
     let purged = ctx
@@ -174,7 +175,7 @@ async fn purge(device: PathId, ctx: Context, p: Principal) -> Handled {
         .await?;
     Ok(json(&serde_json::json!({
         "totalMessagesPurged": purged,
-        "deviceId": device_id,
+        "deviceId": device_id.as_str(),
         "moduleId": null,
     })))
 }
@@ -193,7 +194,7 @@ async fn authorise_device(ctx: &Context, p: &Principal, device_id: &str) -> Resu
 }
 
 async fn receive(device: PathId, ctx: Context, p: Principal) -> Handled {
-    let device_id = device.0;
+    let device_id = DeviceId::new(device.0);
     authorise_device(&ctx, &p, &device_id).await?;
     let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
     let mut got = ctx
@@ -262,7 +263,7 @@ async fn settle(
     p: Principal,
     action: Settle,
 ) -> Handled {
-    let (device_id, token) = (device.0, token.0);
+    let (device_id, token) = (DeviceId::new(device.0), LockToken::new(token.0));
     authorise_device(&ctx, &p, &device_id).await?;
     let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
     let settled = ctx

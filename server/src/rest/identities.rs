@@ -12,6 +12,7 @@ use super::identity_json::{BulkItemJson, DeviceJson, IdentityBody, ModuleJson};
 use super::reply::{json, json_with_etag, json_with_status, no_content, one_of, Handled, Response};
 use super::{caller, if_match, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
+use crate::ids::Identity as ConnectedIdentity;
 
 /// Most devices `GET /devices` returns, as IoT Hub.
 const MAX_LIST: usize = 1000;
@@ -54,12 +55,9 @@ fn identity_reply(i: &Identity) -> Response {
     }
 }
 
-/// `deviceId/moduleId` for a module, `deviceId` for a device: whose connections to close.
-fn client_id(device: &PathId, module: &Option<PathId>) -> String {
-    match module {
-        Some(m) => format!("{}/{}", device.0, m.0),
-        None => device.0.clone(),
-    }
+/// The device or module a path names: whose connections to close.
+fn connected_identity(device: &PathId, module: &Option<PathId>) -> ConnectedIdentity {
+    ConnectedIdentity::new(device.0.clone(), module.as_ref().map(|m| m.0.clone()))
 }
 
 async fn get_handler((id, module): IdentityPath, ctx: Context, p: Principal) -> Handled {
@@ -128,7 +126,8 @@ async fn put_handler(
         .await?;
     // REG-4: a disabled device loses its open connections (and its modules').
     if i.module_id.is_none() && i.status == ferrohub_engine::model::Status::Disabled {
-        ctx.connections.kick_device(&i.device_id);
+        ctx.connections
+            .kick(&ConnectedIdentity::for_device(i.device_id.clone()));
     }
     Ok(identity_reply(&i))
 }
@@ -141,8 +140,7 @@ async fn delete_handler(
 ) -> Handled {
     p.require_hub(Permission::RegistryWrite)?;
     let cond = cond.unwrap_or(IfMatch::Any);
-    let client_id = client_id(&id, &module);
-    let is_module = module.is_some();
+    let who = connected_identity(&id, &module);
     let at = ctx.clock.now();
     ctx.store
         .run(move |s| match module {
@@ -150,11 +148,7 @@ async fn delete_handler(
             Some(m) => s.delete_module(&id.0, &m.0, &cond, at),
         })
         .await?;
-    if is_module {
-        ctx.connections.kick_client(&client_id);
-    } else {
-        ctx.connections.kick_device(&client_id);
-    }
+    ctx.connections.kick(&who);
     Ok(no_content())
 }
 
@@ -217,28 +211,21 @@ async fn bulk_handler(ctx: Context, p: Principal, items: Vec<BulkItemJson>) -> H
         }
     }
     let now = ctx.clock.now();
-    let to_kick: Vec<String> = valid
+    let to_kick: Vec<ConnectedIdentity> = valid
         .iter()
         .filter(|i| {
             matches!(i.mode, ImportMode::Delete | ImportMode::DeleteIfMatchETag)
                 || i.spec.status == ferrohub_engine::model::Status::Disabled
         })
-        .map(|i| match &i.module_id {
-            Some(m) => format!("{}/{m}", i.device_id),
-            None => i.device_id.clone(),
-        })
+        .map(|i| ConnectedIdentity::new(i.device_id.clone(), i.module_id.clone()))
         .collect();
     let failed: Vec<BulkItemError> = ctx.store.run(move |s| s.bulk(&valid, now)).await?;
-    for client_id in to_kick {
-        let failed_here = failed.iter().any(|f| match &f.module_id {
-            Some(m) => format!("{}/{m}", f.device_id) == client_id,
-            None => f.device_id == client_id,
-        });
+    for who in to_kick {
+        let failed_here = failed
+            .iter()
+            .any(|f| *who.device_id == f.device_id && who.module() == f.module_id.as_deref());
         if !failed_here {
-            match client_id.split_once('/') {
-                Some(_) => ctx.connections.kick_client(&client_id),
-                None => drop(ctx.connections.kick_device(&client_id)),
-            }
+            ctx.connections.kick(&who);
         }
     }
     for f in failed {

@@ -21,6 +21,7 @@ use super::reply::{json, json_with_status, one_of, Handled, Response};
 use super::{caller, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
 use crate::hub::connections::Outbound;
+use crate::ids::Identity;
 
 /// Largest request or response payload.
 pub const MAX_PAYLOAD: usize = 128 * 1024;
@@ -95,10 +96,7 @@ async fn invoke(
             None => s.get_device(&d).map(drop),
         })
         .await?;
-    let client_id = match &module {
-        Some(m) => format!("{device}/{m}"),
-        None => device.clone(),
-    };
+    let client_id = Identity::new(device, module).client_id();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(connect_timeout);
     let target = loop {
         if let Some(tx) = ctx.connections.method_target(&client_id) {
