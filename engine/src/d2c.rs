@@ -149,8 +149,21 @@ struct ConsumerGroupRecord {
 /// named by the batch is deleted in between, and the partitions written.
 pub(crate) struct PartitionGuards<'a>(
     #[allow(dead_code)] parking_lot::RwLockReadGuard<'a, Vec<Endpoint>>,
-    #[allow(dead_code)] Vec<(u16, parking_lot::MutexGuard<'a, PartitionHead>)>,
+    Vec<(u16, parking_lot::MutexGuard<'a, PartitionHead>)>,
 );
+
+/// Whether staging waits for the endpoint list and partition locks or gives up.
+#[derive(Clone, Copy)]
+enum Locking {
+    Wait,
+    Try,
+}
+
+/// A [`Store::try_append_events_then`] that would have had to wait: what it was given, back.
+pub struct WouldWait<F> {
+    pub events: Vec<NewEvent>,
+    pub done: F,
+}
 
 /// In-memory partition heads (all [`MAX_PARTITIONS`], loaded at open) and the endpoints.
 pub(crate) struct Partitions {
@@ -238,17 +251,47 @@ impl Store {
         self.partitions().count()
     }
 
-    /// Assigns partitions, sequence numbers and offsets to `events` and queues them as one
-    /// atomic batch. Events of one partition keep the order given.
+    /// Assigns partitions, sequence numbers and offsets to `events` and builds them into one
+    /// atomic batch, to be submitted before the returned guards are dropped. Events of one
+    /// partition keep the order given.
     pub(crate) fn stage_events(
         &self,
         events: Vec<NewEvent>,
         now: UnixMillis,
     ) -> Result<(Batch, Vec<Appended>, PartitionGuards<'_>), D2cError> {
+        let staged = self.stage(&events, now, Locking::Wait)?;
+        let (batch, out, guards, _) = staged.expect("waiting for locks always stages");
+        Ok((batch, out, guards))
+    }
+
+    /// [`Store::stage_events`] over borrowed events; with [`Locking::Try`], `None` when the
+    /// endpoint list or a partition is locked by another writer. Also returns the partition
+    /// heads as they were, so a batch that cannot be queued can be undone.
+    #[allow(clippy::type_complexity)]
+    fn stage(
+        &self,
+        events: &[NewEvent],
+        now: UnixMillis,
+        locking: Locking,
+    ) -> Result<
+        Option<(
+            Batch,
+            Vec<Appended>,
+            PartitionGuards<'_>,
+            Vec<(u16, PartitionHead)>,
+        )>,
+        D2cError,
+    > {
         let builtin = self.partitions().builtin_slot();
         // A slot routed before its endpoint was deleted names nothing any more: its copy is
         // dropped rather than written into a partition range a later endpoint may reuse.
-        let endpoints = self.partitions().custom.read();
+        let endpoints = match locking {
+            Locking::Wait => self.partitions().custom.read(),
+            Locking::Try => match self.partitions().custom.try_read() {
+                Some(guard) => guard,
+                None => return Ok(None),
+            },
+        };
         let live = |s: &EndpointSlot| *s == builtin || endpoints.iter().any(|e| e.slot == *s);
         let targets: Vec<Vec<u16>> = events
             .iter()
@@ -266,13 +309,22 @@ impl Store {
         wanted.dedup();
         // IMPORTANT: partition locks in ascending order; held until the batch is submitted so
         // commit order equals sequence order.
-        let mut guards: Vec<(u16, parking_lot::MutexGuard<'_, PartitionHead>)> = wanted
-            .iter()
-            .map(|&p| (p, self.partitions().heads[p as usize].lock()))
-            .collect();
+        let mut guards: Vec<(u16, parking_lot::MutexGuard<'_, PartitionHead>)> =
+            Vec::with_capacity(wanted.len());
+        for &p in &wanted {
+            let head = &self.partitions().heads[p as usize];
+            match locking {
+                Locking::Wait => guards.push((p, head.lock())),
+                Locking::Try => match head.try_lock() {
+                    Some(guard) => guards.push((p, guard)),
+                    None => return Ok(None),
+                },
+            }
+        }
+        let before: Vec<(u16, PartitionHead)> = guards.iter().map(|(p, h)| (*p, **h)).collect();
         let mut batch = Batch::default();
         let mut out = Vec::with_capacity(events.len());
-        for (ev, ps) in events.into_iter().zip(targets) {
+        for (ev, ps) in events.iter().zip(targets) {
             for p in ps {
                 let head = &mut guards
                     .iter_mut()
@@ -313,7 +365,12 @@ impl Store {
         for (p, head) in &guards {
             batch.put_record(cf::D2C_STATE, keys::d2c::head(*p), &**head);
         }
-        Ok((batch, out, PartitionGuards(endpoints, guards)))
+        Ok(Some((
+            batch,
+            out,
+            PartitionGuards(endpoints, guards),
+            before,
+        )))
     }
 
     /// Appends events durably, as one atomic batch: all are stored or none. Each goes to its
@@ -351,6 +408,46 @@ impl Store {
             .submit_with(batch, Box::new(move |r| done(r.map(|()| out))))?;
         drop(guards);
         Ok(())
+    }
+
+    /// Like [`Store::append_events_then`], but never waits for another writer's lock or for
+    /// room in the commit queue, so an async caller may run it on its own thread. When it
+    /// would wait, nothing is stored or changed and the events and `done` come back.
+    ///
+    /// # Errors
+    /// Storage errors at queueing time (then `done` is never called).
+    pub fn try_append_events_then<F>(
+        &self,
+        events: Vec<NewEvent>,
+        now: UnixMillis,
+        done: F,
+    ) -> Result<Result<(), WouldWait<F>>, D2cError>
+    where
+        F: FnOnce(Result<Vec<Appended>, StorageError>) + Send + 'static,
+    {
+        let Some((batch, out, mut guards, before)) = self.stage(&events, now, Locking::Try)? else {
+            return Ok(Err(WouldWait { events, done }));
+        };
+        // Shared with the commit callback so `done` can come back if the queue is full.
+        let slot = std::sync::Arc::new(Mutex::new(Some(done)));
+        let callback = {
+            let slot = std::sync::Arc::clone(&slot);
+            Box::new(move |r: Result<(), StorageError>| {
+                if let Some(done) = slot.lock().take() {
+                    done(r.map(|()| out));
+                }
+            })
+        };
+        if self.raw.try_submit_with(batch, callback)? {
+            return Ok(Ok(()));
+        }
+        // Not queued: put the heads back while still holding their locks, so no one saw them.
+        for ((_, head), (_, old)) in guards.1.iter_mut().zip(before) {
+            **head = old;
+        }
+        drop(guards);
+        let done = slot.lock().take().expect("the callback was dropped unrun");
+        Ok(Err(WouldWait { events, done }))
     }
 
     /// Reads up to `max` events of a partition from `from`.

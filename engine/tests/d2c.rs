@@ -241,3 +241,56 @@ fn consumer_groups_and_checkpoints() {
         Some(cp)
     );
 }
+
+/// A non-blocking append that finds the commit queue full changes nothing and gives its
+/// events back; later appends continue the partition without a gap.
+#[test]
+fn a_try_append_that_would_wait_leaves_no_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ferrohub_engine::StoreConfig {
+        commit_queue_depth: 2,
+        ..Default::default()
+    };
+    let store = ferrohub_engine::Store::open(dir.path(), config).unwrap();
+    let p = partition_of("dev-a", 4);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let hold = store.hold_commits().expect("a writable store");
+    let mut queued = 0u64;
+    let refused = loop {
+        assert!(queued < 10, "the queue of depth 2 never filled");
+        let tx = tx.clone();
+        let body = format!("m{queued}");
+        match store
+            .try_append_events_then(vec![ev("dev-a", &body)], UnixMillis(1000), move |r| {
+                tx.send(r.map(|a| a[0].sequence_number)).unwrap()
+            })
+            .unwrap()
+        {
+            Ok(()) => queued += 1,
+            Err(would_wait) => break would_wait,
+        }
+    };
+    assert!(
+        queued >= 2,
+        "only {queued} queued before the queue was full"
+    );
+    assert_eq!(refused.events.len(), 1);
+    assert_eq!(refused.events[0].body, format!("m{queued}").into_bytes());
+    // The refused callback was never run, and nothing of it is committed.
+    drop(refused);
+    drop(hold);
+    let mut durable: Vec<u64> = (0..queued).map(|_| rx.recv().unwrap().unwrap()).collect();
+    durable.sort_unstable();
+    assert_eq!(durable, (0..queued).collect::<Vec<_>>());
+    assert!(rx.try_recv().is_err());
+    let next = store
+        .append_events(vec![ev("dev-a", "after")], UnixMillis(1001))
+        .unwrap();
+    assert_eq!(
+        next[0].sequence_number, queued,
+        "no sequence number was skipped"
+    );
+    let got = store.read_events(p, ReadPosition::Start, 100).unwrap();
+    assert_eq!(got.len() as u64, queued + 1);
+    assert_eq!(got.last().unwrap().body, b"after".to_vec());
+}

@@ -12,7 +12,7 @@
 //!   makes `submit` block. Tests use it to show what the layers above do when the disk stalls.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -154,6 +154,27 @@ impl Committer {
             batch,
             reply: Reply::Callback(done),
         })
+    }
+
+    /// Like [`Committer::submit_with`], but never waits: when the queue is full nothing is
+    /// queued and `Ok(false)` comes back (the batch and `done` are dropped unrun).
+    pub(crate) fn try_submit_with(
+        &self,
+        batch: Batch,
+        done: CommitCallback,
+    ) -> Result<bool, StorageError> {
+        if self.shared.poisoned.load(Ordering::Acquire) {
+            return Err(StorageError::Poisoned);
+        }
+        let tx = self.tx.lock().clone().ok_or(StorageError::Closed)?;
+        match tx.try_send(Pending {
+            batch,
+            reply: Reply::Callback(done),
+        }) {
+            Ok(()) => Ok(true),
+            Err(TrySendError::Full(_)) => Ok(false),
+            Err(TrySendError::Disconnected(_)) => Err(StorageError::Closed),
+        }
     }
 
     fn enqueue(&self, pending: Pending) -> Result<(), StorageError> {

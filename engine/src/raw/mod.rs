@@ -297,6 +297,18 @@ impl Raw {
             .submit_with(batch, done)
     }
 
+    /// Queues `batch` unless the commit queue is full; see `Committer::try_submit_with`.
+    pub(crate) fn try_submit_with(
+        &self,
+        batch: Batch,
+        done: CommitCallback,
+    ) -> Result<bool, StorageError> {
+        self.committer
+            .as_ref()
+            .ok_or(StorageError::ReadOnly)?
+            .try_submit_with(batch, done)
+    }
+
     /// The last key of a column family, if it has any.
     pub(crate) fn last_key(&self, cf: &'static str) -> Result<Option<Vec<u8>>, StorageError> {
         let handle = self.handle(cf)?;

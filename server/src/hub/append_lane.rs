@@ -1,16 +1,23 @@
-//! Ordered appends of device messages, off the runtime's threads.
+//! Ordered appends of device messages, without engine waits on the runtime's threads.
 //!
 //! A connection owns one [`AppendLane`]. Each message is admitted (an async permit, see
-//! [`super::StoreHandle`]), queued on the lane, and then — on tokio's blocking pool — routed
-//! (which may read the device's twin) and staged into the engine, whose group committer makes
-//! it durable. The caller gets a future that resolves once the message is on disk.
+//! [`super::StoreHandle`]) and then staged into the engine, whose group committer makes it
+//! durable; the caller gets a future that resolves once the message is on disk. Staging takes
+//! one of two paths:
+//! - **direct**, on the caller's thread: the message was routed without storage (no route
+//!   reads `$twin`) and the engine can take it without waiting for a lock or for room in the
+//!   commit queue (`Store::try_append_events_then`);
+//! - **queued**, on tokio's blocking pool: everything else (routing that reads twins, a busy
+//!   partition, a full commit queue), and every message behind one that is queued.
 //!
 //! # Invariants
-//! - Messages of one lane are staged in the order [`AppendLane::append`] was called: one
-//!   drainer at a time takes the lane's queue from the front. So a device's events keep their
-//!   order in the partition, and its PUBACKs can leave in order.
-//! - Nothing here blocks a runtime thread: a full commit queue suspends the appending task at
-//!   admission; routing, twin reads and staging run on the blocking pool.
+//! - Messages of one lane are staged in the order [`AppendLane::append`] was called: the
+//!   direct path is taken only while the lane's queue is empty and no drainer runs, and one
+//!   drainer at a time takes the queue from the front. So a device's events keep their order
+//!   in the partition, and its PUBACKs can leave in order.
+//! - Nothing here waits on a runtime thread: a full commit queue suspends the appending task
+//!   at admission, the direct path gives up rather than wait, and routing that reads twins and
+//!   staging that may wait run on the blocking pool.
 //! - A permit is held from admission until the message's write completed (or failed), so the
 //!   number of staged-but-not-durable lane messages never exceeds the admission limit.
 
@@ -25,16 +32,52 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::d2c_notify::D2cNotify;
 
-/// Decides what to append for one message, on the blocking pool: routing lives here.
+/// Decides what to append for one message, on the blocking pool: routing that reads twins.
 pub type Prepare = Box<dyn FnOnce(&Store) -> Vec<NewEvent> + Send>;
+
+/// A device message for a lane.
+pub enum Message {
+    /// Routed already: the events to append.
+    Routed(Vec<NewEvent>),
+    /// To be routed with access to the store.
+    Unrouted(Prepare),
+}
 
 type Reply = oneshot::Sender<Result<Vec<Appended>, D2cError>>;
 
+/// How one admitted message ends: its permit returned, readers woken, the caller answered.
+/// Shared between the lane and the engine's commit callback; whichever finishes it first wins.
+#[derive(Clone)]
+struct Completion(
+    Arc<Mutex<Option<(OwnedSemaphorePermit, Reply)>>>,
+    Arc<D2cNotify>,
+);
+
+impl Completion {
+    fn finish(&self, result: Result<Vec<Appended>, D2cError>) {
+        let Some((permit, reply)) = self.0.lock().take() else {
+            return;
+        };
+        drop(permit);
+        if let Ok(appended) = &result {
+            for a in appended {
+                self.1.appended(a.partition, a.sequence_number);
+            }
+        }
+        let _ = reply.send(result);
+    }
+
+    /// The engine's durability callback.
+    fn on_durable(&self) -> impl FnOnce(Result<Vec<Appended>, StorageError>) + Send + 'static {
+        let this = self.clone();
+        move |result| this.finish(result.map_err(D2cError::from))
+    }
+}
+
 struct Job {
-    prepare: Prepare,
+    message: Message,
     now: UnixMillis,
-    permit: OwnedSemaphorePermit,
-    reply: Reply,
+    completion: Completion,
 }
 
 #[derive(Default)]
@@ -69,23 +112,24 @@ impl AppendLane {
         }))
     }
 
-    /// Waits for admission, queues the message, and returns a future that resolves once its
-    /// events are durable (readers of their partitions are woken then).
+    /// Waits for admission, stages or queues the message, and returns a future that resolves
+    /// once its events are durable (readers of their partitions are woken then).
     ///
     /// Call from one task, in arrival order: the order of calls is the order of the appends.
     pub async fn append(
         &self,
-        prepare: Prepare,
+        message: Message,
         now: UnixMillis,
     ) -> impl Future<Output = Result<Vec<Appended>, D2cError>> + Send + 'static {
         let (reply, done) = oneshot::channel();
         match Arc::clone(&self.0.admission).acquire_owned().await {
-            Ok(permit) => self.enqueue(Job {
-                prepare,
-                now,
-                permit,
-                reply,
-            }),
+            Ok(permit) => {
+                let completion = Completion(
+                    Arc::new(Mutex::new(Some((permit, reply)))),
+                    Arc::clone(&self.0.readers),
+                );
+                self.stage_or_queue(message, now, completion);
+            }
             // The semaphore is never closed while the store is open.
             Err(_) => drop(reply.send(Err(D2cError::Storage(StorageError::Closed)))),
         }
@@ -95,13 +139,27 @@ impl AppendLane {
         }
     }
 
-    fn enqueue(&self, job: Job) {
-        let start = {
-            let mut q = self.0.queue.lock();
-            q.jobs.push_back(job);
-            !std::mem::replace(&mut q.draining, true)
-        };
-        if start {
+    fn stage_or_queue(&self, mut message: Message, now: UnixMillis, completion: Completion) {
+        let mut q = self.0.queue.lock();
+        if q.jobs.is_empty() && !q.draining {
+            if let Message::Routed(events) = message {
+                match self
+                    .0
+                    .store
+                    .try_append_events_then(events, now, completion.on_durable())
+                {
+                    Ok(Ok(())) => return,
+                    Ok(Err(would_wait)) => message = Message::Routed(would_wait.events),
+                    Err(e) => return completion.finish(Err(e)),
+                }
+            }
+        }
+        q.jobs.push_back(Job {
+            message,
+            now,
+            completion,
+        });
+        if !std::mem::replace(&mut q.draining, true) {
             let lane = Arc::clone(&self.0);
             tokio::task::spawn_blocking(move || lane.drain());
         }
@@ -109,7 +167,7 @@ impl AppendLane {
 }
 
 impl Lane {
-    /// Stages every queued job in order, then stops (the next `append` starts a new drainer).
+    /// Stages every queued job in order, then stops (the next queued job starts a new drainer).
     fn drain(&self) {
         loop {
             let job = {
@@ -128,44 +186,27 @@ impl Lane {
 
     fn stage(&self, job: Job) {
         let Job {
-            prepare,
+            message,
             now,
-            permit,
-            reply,
+            completion,
         } = job;
         let store = &self.store;
-        // A panic in routing must not wedge the lane: the message fails, the lane goes on.
-        let events = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepare(store)))
-        {
-            Ok(events) => events,
-            Err(_) => {
-                let _ = reply.send(Err(D2cError::Storage(StorageError::Backend(
-                    "routing the message failed".into(),
-                ))));
-                return;
-            }
-        };
-        let readers = Arc::clone(&self.readers);
-        // Shared by the callback and the error path: whichever runs first takes it.
-        let reply = Arc::new(Mutex::new(Some(reply)));
-        let on_durable = {
-            let reply = Arc::clone(&reply);
-            move |result: Result<Vec<Appended>, StorageError>| {
-                drop(permit);
-                if let Ok(appended) = &result {
-                    for a in appended {
-                        readers.appended(a.partition, a.sequence_number);
+        let events = match message {
+            Message::Routed(events) => events,
+            // A panic in routing must not wedge the lane: the message fails, the lane goes on.
+            Message::Unrouted(prepare) => {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepare(store))) {
+                    Ok(events) => events,
+                    Err(_) => {
+                        return completion.finish(Err(D2cError::Storage(StorageError::Backend(
+                            "routing the message failed".into(),
+                        ))))
                     }
                 }
-                if let Some(tx) = reply.lock().take() {
-                    let _ = tx.send(result.map_err(D2cError::from));
-                }
             }
         };
-        if let Err(e) = store.append_events_then(events, now, on_durable) {
-            if let Some(tx) = reply.lock().take() {
-                let _ = tx.send(Err(e));
-            }
+        if let Err(e) = store.append_events_then(events, now, completion.on_durable()) {
+            completion.finish(Err(e));
         }
     }
 }

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use ferrohub_engine::d2c::{Appended, D2cError, NewEvent};
 use ferrohub_engine::hub::HubSettings;
 use ferrohub_engine::notifications::EventSource;
+use ferrohub_engine::UnixMillis;
 
-use super::append_lane::AppendLane;
+use super::append_lane::{AppendLane, Message};
 use super::authenticator::Authenticator;
 use super::connections::Connections;
 use super::d2c_notify::D2cNotify;
@@ -39,33 +40,54 @@ impl HubContext {
 
     /// Routes (EVT-5) and appends device messages of one identity on `lane`, once admitted,
     /// as one atomic batch; the returned future resolves when every routed copy is durable.
-    /// Routing, including `$twin` reads, runs behind the store seam.
+    /// Routing that reads `$twin` runs behind the store seam; other routing is pure and runs
+    /// here.
     pub async fn append_telemetry(
         &self,
         lane: &AppendLane,
         events: Vec<NewEvent>,
         module_id: Option<ModuleId>,
     ) -> impl Future<Output = Result<Vec<Appended>, D2cError>> + Send + 'static {
-        let router = Arc::clone(&self.routing);
         let now = self.clock.now();
-        lane.append(
-            Box::new(move |store| {
-                let twins = routes::StoreTwins(store);
-                events
-                    .into_iter()
-                    .flat_map(|event| {
-                        router.route(
-                            &twins,
-                            event,
-                            module_id.as_deref(),
-                            EventSource::DeviceMessages,
-                            iso7(now),
-                        )
-                    })
-                    .collect()
-            }),
-            now,
-        )
-        .await
+        let message = self.route_telemetry(events, module_id, now);
+        lane.append(message, now).await
+    }
+
+    /// The lane message for `events`: routed now when no route needs storage, else from the
+    /// first event that does, on the blocking pool (earlier ones stay routed as they were).
+    fn route_telemetry(
+        &self,
+        events: Vec<NewEvent>,
+        module_id: Option<ModuleId>,
+        now: UnixMillis,
+    ) -> Message {
+        let mut routed = Vec::with_capacity(events.len());
+        let mut events = events.into_iter();
+        while let Some(event) = events.next() {
+            match self
+                .routing
+                .route_without_store(event, module_id.as_deref(), iso7(now))
+            {
+                Ok(copies) => routed.extend(copies),
+                Err(event) => {
+                    let rest: Vec<NewEvent> = std::iter::once(event).chain(events).collect();
+                    let router = Arc::clone(&self.routing);
+                    return Message::Unrouted(Box::new(move |store| {
+                        let twins = routes::StoreTwins(store);
+                        for event in rest {
+                            routed.extend(router.route(
+                                &twins,
+                                event,
+                                module_id.as_deref(),
+                                EventSource::DeviceMessages,
+                                iso7(now),
+                            ));
+                        }
+                        routed
+                    }));
+                }
+            }
+        }
+        Message::Routed(routed)
     }
 }

@@ -29,7 +29,7 @@ pub mod retention;
 pub mod routes;
 pub mod store_handle;
 
-pub use append_lane::AppendLane;
+pub use append_lane::{AppendLane, Message};
 pub use authenticator::{AuthFailure, Authenticator, DeviceAuth};
 pub use connections::Connections;
 pub use context::HubContext;

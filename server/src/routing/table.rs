@@ -19,7 +19,7 @@ use parking_lot::RwLock;
 use serde_json::Value;
 
 use super::query::{Condition, QueryError};
-use super::view::{EventView, TwinSource};
+use super::view::{EventView, NoTwins, TwinSource};
 
 /// Why a routing configuration is refused.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +61,8 @@ struct CompiledEnrichment {
 
 /// One compiled version of the configuration.
 pub struct Table {
+    /// Some device-message route condition or enrichment reads `$twin`.
+    reads_twins: bool,
     routes: Vec<CompiledRoute>,
     fallback: bool,
     enrichments: Vec<CompiledEnrichment>,
@@ -165,7 +167,14 @@ pub fn compile(
         });
     }
     resolve("the fallback route", BUILTIN_ENDPOINT)?;
+    let reads_twins = routes
+        .iter()
+        .any(|r| r.enabled && r.source == EventSource::DeviceMessages && r.condition.reads_twin())
+        || enrichments
+            .iter()
+            .any(|e| matches!(e.value, EnrichValue::Twin(_)));
     Ok(Table {
+        reads_twins,
         routes,
         fallback: config.fallback_enabled,
         enrichments,
@@ -212,12 +221,50 @@ impl Router {
     pub fn route(
         &self,
         twins: &dyn TwinSource,
-        mut event: NewEvent,
+        event: NewEvent,
         module_id: Option<&str>,
         source: EventSource,
         enqueued: String,
     ) -> Vec<NewEvent> {
         let table = Arc::clone(&self.table.read());
+        self.route_by(&table, twins, event, module_id, source, enqueued)
+    }
+
+    /// Routes a device message when the current table reads no twin, so no storage is
+    /// needed; otherwise gives the message back, for [`Router::route`] with a twin source.
+    /// Runs on any thread: it only evaluates conditions.
+    ///
+    /// # Errors
+    /// The event, unrouted, when the table reads `$twin`.
+    pub fn route_without_store(
+        &self,
+        event: NewEvent,
+        module_id: Option<&str>,
+        enqueued: String,
+    ) -> Result<Vec<NewEvent>, NewEvent> {
+        let table = Arc::clone(&self.table.read());
+        if table.reads_twins {
+            return Err(event);
+        }
+        Ok(self.route_by(
+            &table,
+            &NoTwins,
+            event,
+            module_id,
+            EventSource::DeviceMessages,
+            enqueued,
+        ))
+    }
+
+    fn route_by(
+        &self,
+        table: &Table,
+        twins: &dyn TwinSource,
+        mut event: NewEvent,
+        module_id: Option<&str>,
+        source: EventSource,
+        enqueued: String,
+    ) -> Vec<NewEvent> {
         let view = EventView::new(&event, module_id, enqueued, twins);
         let mut names: Vec<&str> = Vec::new();
         for r in table
@@ -284,5 +331,88 @@ impl Router {
             out.push(copy);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrohub_engine::routing::{Enrichment, Route};
+
+    use super::*;
+
+    fn router(conditions: &[(&str, bool)], enrichment: Option<&str>) -> Router {
+        let config = RoutingConfig {
+            routes: conditions
+                .iter()
+                .enumerate()
+                .map(|(i, (condition, enabled))| Route {
+                    name: format!("r{i}"),
+                    source: EventSource::DeviceMessages,
+                    condition: condition.to_string(),
+                    endpoints: vec![BUILTIN_ENDPOINT.into()],
+                    enabled: *enabled,
+                })
+                .collect(),
+            fallback_enabled: true,
+            enrichments: enrichment
+                .map(|value| Enrichment {
+                    key: "k".into(),
+                    value: value.into(),
+                    endpoints: vec![BUILTIN_ENDPOINT.into()],
+                })
+                .into_iter()
+                .collect(),
+        };
+        let slot = |_: &str| {
+            Some(EndpointSlot {
+                base: 0,
+                partitions: 4,
+                id: 0,
+            })
+        };
+        Router::new(compile(&config, &slot).expect("compiles"), "hub")
+    }
+
+    fn message() -> NewEvent {
+        NewEvent {
+            device_id: "d".into(),
+            application_properties: vec![("level".into(), "high".into())],
+            ..NewEvent::default()
+        }
+    }
+
+    #[test]
+    fn routing_without_storage_is_refused_only_when_a_twin_is_read() {
+        let enqueued = || "2026-01-01T00:00:00.0000000Z".to_string();
+        for pure in [
+            router(&[], None),
+            router(&[("level = 'high' OR $body.x = 1", true)], Some("static")),
+            // A disabled route is never evaluated.
+            router(&[("$twin.tags.site = 'a'", false)], Some("$iothubname")),
+        ] {
+            let routed = pure
+                .route_without_store(message(), None, enqueued())
+                .expect("routed without storage");
+            assert_eq!(routed.len(), 1);
+        }
+        for reads_twin in [
+            router(
+                &[
+                    ("level = 'high'", true),
+                    ("NOT ($twin.tags.site = 'a')", true),
+                ],
+                None,
+            ),
+            router(&[("IS_DEFINED($twin.properties.reported.fw)", true)], None),
+            router(&[], Some("$twin.tags.site")),
+        ] {
+            let back = reads_twin
+                .route_without_store(message(), None, enqueued())
+                .expect_err("needs the twin");
+            assert_eq!(
+                back.application_properties,
+                message().application_properties
+            );
+        }
     }
 }

@@ -44,6 +44,24 @@ pub(crate) enum Expr {
     Call(Func, Vec<Expr>),
 }
 
+impl Expr {
+    /// Whether evaluating it may ask for the device's twin (which routing must fetch from
+    /// storage).
+    pub(crate) fn reads_twin(&self) -> bool {
+        match self {
+            Expr::Twin { .. } => true,
+            Expr::Literal(_) | Expr::System(_) | Expr::App(_) | Expr::Body(_) => false,
+            Expr::Not(e) | Expr::Neg(e) => e.reads_twin(),
+            Expr::And(terms) | Expr::Or(terms) | Expr::Call(_, terms) => {
+                terms.iter().any(Expr::reads_twin)
+            }
+            Expr::Chain(first, rest) => {
+                first.reads_twin() || rest.iter().any(|(_, e)| e.reads_twin())
+            }
+        }
+    }
+}
+
 /// A built-in function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Func {

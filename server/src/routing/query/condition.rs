@@ -50,6 +50,11 @@ impl Condition {
         matches!(self.expr.eval(message).as_deref(), Some(Value::Bool(true)))
     }
 
+    /// Whether evaluating it may read the device's twin (`$twin…`).
+    pub fn reads_twin(&self) -> bool {
+        self.expr.reads_twin()
+    }
+
     /// The text it was parsed from.
     pub fn text(&self) -> &str {
         &self.text
