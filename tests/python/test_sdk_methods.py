@@ -117,7 +117,19 @@ def responder(hub, device_id, stop=None):
         except Exception:
             pass
 
-    threading.Thread(target=loop, daemon=True).start()
+    stop = stop or threading.Event()
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    close = c.close
+
+    def close_after_the_loop():
+        # Closing while the loop blocks in recv frees the descriptor; a socket opened next
+        # (another test's device) reuses it and the loop's recv would steal its bytes.
+        stop.set()
+        thread.join(5)
+        close()
+
+    c.close = close_after_the_loop
     return c
 
 
