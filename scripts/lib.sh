@@ -6,6 +6,7 @@
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ferrohub/target}"
 FERROHUB_VENV="${FERROHUB_VENV:-$HOME/.cache/ferrohub/venv}"
 export FERROHUB_BIN="$CARGO_TARGET_DIR/release/ferrohub"
+export FERROHUB_NODE="${FERROHUB_NODE:-$HOME/.cache/ferrohub/node}"
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -36,6 +37,17 @@ ensure_python_env() {
         python3 -m venv "$FERROHUB_VENV"
     fi
     "$FERROHUB_VENV/bin/pip" install -q --disable-pip-version-check -r tests/python/requirements.txt
+}
+
+# The official Node SDKs the end-to-end suites drive, from npm into $FERROHUB_NODE, exactly as
+# tests/node/package-lock.json pins them; reinstalled only when the lock file changes.
+ensure_node_env() {
+    if ! command -v npm >/dev/null 2>&1; then ensure_apt nodejs npm; fi
+    mkdir -p "$FERROHUB_NODE"
+    if [ ! -d "$FERROHUB_NODE/node_modules" ] || ! cmp -s tests/node/package-lock.json "$FERROHUB_NODE/package-lock.json"; then
+        cp tests/node/package.json tests/node/package-lock.json "$FERROHUB_NODE/"
+        (cd "$FERROHUB_NODE" && npm ci --no-audit --no-fund >&2)
+    fi
 }
 
 # For the benchmark scripts: results directory $OUT, a scratch $WORK removed (with every

@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_build_deps
 ensure_python_env
+ensure_node_env
 
 # One cargo invocation shape everywhere (workspace, all targets): a different package or target
 # selection changes feature unification and would rebuild RocksDB's C++ from scratch.

@@ -1,11 +1,32 @@
-//! C2D messages on the wire, shared by the HTTPS and MQTT endpoints: `iothub-ack` names,
+//! C2D messages on the wire, shared by the HTTPS, MQTT and AMQP endpoints: `iothub-ack` names,
 //! timestamps, the size limit, and the property list a device sees (C2D-1, MQT-9, HDV-2).
 
-use ferrohub_engine::c2d::{Ack, C2dMessage, Delivered};
+use ferrohub_engine::c2d::{Ack, C2dMessage, Delivered, FeedbackMessage};
 use ferrohub_engine::UnixMillis;
+use serde::Serialize;
+
+/// The content type of a feedback message (HTTPS and AMQP).
+pub const FEEDBACK_CONTENT_TYPE: &str = "application/vnd.microsoft.iothub.feedback.json";
 
 /// Largest C2D message body (IoT Hub: 64 KB).
 pub const MAX_C2D_BYTES: usize = 64 * 1024;
+
+/// Refuses a message whose body and application properties exceed [`MAX_C2D_BYTES`]; the
+/// error says by how much.
+pub fn check_size(message: &C2dMessage) -> Result<(), String> {
+    let size = message.body.len()
+        + message
+            .properties
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>();
+    if size > MAX_C2D_BYTES {
+        return Err(format!(
+            "the message is {size} bytes with its properties; at most {MAX_C2D_BYTES}"
+        ));
+    }
+    Ok(())
+}
 
 pub fn ack_name(ack: Ack) -> &'static str {
     match ack {
@@ -91,4 +112,38 @@ mod tests {
         );
         assert_eq!(parse_iso("tomorrow"), None);
     }
+}
+
+/// One feedback record as seed 002 shows it, fields in its order.
+#[derive(Serialize)]
+struct FeedbackJson<'a> {
+    #[serde(rename = "OriginalMessageId")]
+    original_message_id: Option<&'a str>,
+    #[serde(rename = "EnqueuedTimeUtc")]
+    enqueued_time_utc: String,
+    #[serde(rename = "StatusCode")]
+    status_code: u8,
+    #[serde(rename = "Description")]
+    description: &'static str,
+    #[serde(rename = "DeviceId")]
+    device_id: &'a str,
+    #[serde(rename = "DeviceGenerationId")]
+    device_generation_id: &'a str,
+}
+
+/// A feedback message's body: its records as a JSON array.
+pub fn feedback_body(f: &FeedbackMessage) -> Vec<u8> {
+    let records: Vec<FeedbackJson<'_>> = f
+        .records
+        .iter()
+        .map(|r| FeedbackJson {
+            original_message_id: r.original_message_id.as_deref(),
+            enqueued_time_utc: iso(r.enqueued_time),
+            status_code: r.status.code(),
+            description: r.status.description(),
+            device_id: &r.device_id,
+            device_generation_id: &r.device_generation_id,
+        })
+        .collect();
+    serde_json::to_vec(&records).expect("feedback records serialise")
 }

@@ -16,6 +16,7 @@ pub mod defaults {
     pub const HOST_NAME: &str = "localhost";
     pub const HTTPS_ADDR: &str = "0.0.0.0:443";
     pub const MQTT_ADDR: &str = "0.0.0.0:8883";
+    pub const AMQP_ADDR: &str = "0.0.0.0:5671";
     pub const D2C_PARTITIONS: u16 = 4;
     /// IoT Hub's default retention of device-to-cloud events.
     pub const D2C_RETENTION: Duration = Duration::from_secs(86_400);
@@ -65,6 +66,8 @@ pub struct ListenersSection {
     pub https: SocketAddr,
     /// MQTT over TLS.
     pub mqtt: SocketAddr,
+    /// AMQP 1.0 over TLS: the service endpoint (C2D sends, feedback).
+    pub amqp: SocketAddr,
 }
 
 impl Default for ListenersSection {
@@ -72,6 +75,7 @@ impl Default for ListenersSection {
         ListenersSection {
             https: defaults::HTTPS_ADDR.parse().expect("valid default address"),
             mqtt: defaults::MQTT_ADDR.parse().expect("valid default address"),
+            amqp: defaults::AMQP_ADDR.parse().expect("valid default address"),
         }
     }
 }

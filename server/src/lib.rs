@@ -3,7 +3,8 @@
 //! # Layers (each uses only the ones below it)
 //! 1. [`node`] (and the binary): wires everything, owns start and shutdown.
 //! 2. [`transport`]: sockets, TLS, HTTP, WebSocket; hands byte streams or requests to a protocol.
-//! 3. Protocol adapters, [`mqtt`] and [`rest`]: wire formats in, hub calls, wire formats out.
+//! 3. Protocol adapters, [`mqtt`], [`rest`] and [`amqp`]: wire formats in, hub calls, wire
+//!    formats out.
 //! 4. [`hub`]: shared state (connections, outbound queues, method calls, C2D deadlines), the
 //!    authenticator, the event router task, and the one seam to the engine.
 //! 5. Pure building blocks: [`routing`], [`auth`], [`telemetry`], [`c2d_message`], [`x509`],
@@ -22,6 +23,7 @@
 //! - [`telemetry`]: device messages into stored events, with anti-spoofing stamps.
 //! - [`x509`]: client certificate checks (thumbprints, registered CAs).
 //! - [`rest`]: the IoT Hub service REST API.
+//! - [`amqp`]: the AMQP 1.0 service endpoint (C2D sends, CBS).
 //! - [`error_codes`]: IoT Hub's status, error name and number for each engine error (REST, MQTT).
 //! - [`routing`]: routes, conditions, enrichments and event shapes (pure).
 //! - [`auth`]: SAS tokens, scopes and permissions.
@@ -31,6 +33,7 @@
 //! This crate never touches RocksDB: all state goes through `ferrohub_engine::Store`, reached
 //! via [`hub::StoreHandle`].
 
+pub mod amqp;
 pub mod auth;
 pub mod c2d_message;
 pub mod clock;

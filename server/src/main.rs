@@ -20,31 +20,37 @@ struct Cli {
     command: Command,
 }
 
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[arg(long, value_name = "DIR")]
+    data_dir: PathBuf,
+    /// TOML configuration file (see docs/config.sample.toml).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Host name for a new hub (default localhost).
+    #[arg(long)]
+    host_name: Option<String>,
+    /// Name for a new hub (default ferrohub).
+    #[arg(long)]
+    hub_name: Option<String>,
+    /// HTTPS listen address (default 0.0.0.0:443).
+    #[arg(long, value_name = "ADDR")]
+    https_addr: Option<std::net::SocketAddr>,
+    /// MQTT over TLS listen address (default 0.0.0.0:8883).
+    #[arg(long, value_name = "ADDR")]
+    mqtt_addr: Option<std::net::SocketAddr>,
+    /// AMQP over TLS listen address (default 0.0.0.0:5671).
+    #[arg(long, value_name = "ADDR")]
+    amqp_addr: Option<std::net::SocketAddr>,
+    /// Skip the per-commit sync (development only; a crash may lose acknowledged writes).
+    #[arg(long)]
+    relaxed_durability: bool,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run a hub node; initialises DIR on first start.
-    Serve {
-        #[arg(long, value_name = "DIR")]
-        data_dir: PathBuf,
-        /// TOML configuration file (see docs/config.sample.toml).
-        #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
-        /// Host name for a new hub (default localhost).
-        #[arg(long)]
-        host_name: Option<String>,
-        /// Name for a new hub (default ferrohub).
-        #[arg(long)]
-        hub_name: Option<String>,
-        /// HTTPS listen address (default 0.0.0.0:443).
-        #[arg(long, value_name = "ADDR")]
-        https_addr: Option<std::net::SocketAddr>,
-        /// MQTT over TLS listen address (default 0.0.0.0:8883).
-        #[arg(long, value_name = "ADDR")]
-        mqtt_addr: Option<std::net::SocketAddr>,
-        /// Skip the per-commit sync (development only; a crash may lose acknowledged writes).
-        #[arg(long)]
-        relaxed_durability: bool,
-    },
+    Serve(ServeArgs),
     /// Manage certificate authorities for X.509 CA-signed devices (hub stopped; the REST API
     /// `/certificates` does the same while it runs).
     Ca {
@@ -101,23 +107,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::Serve {
-            data_dir,
-            config,
-            host_name,
-            hub_name,
-            https_addr,
-            mqtt_addr,
-            relaxed_durability,
-        } => serve(
-            data_dir,
-            config,
-            host_name,
-            hub_name,
-            https_addr,
-            mqtt_addr,
-            relaxed_durability,
-        ),
+        Command::Serve(args) => serve(args),
         Command::Ca { action } => ca(action),
         Command::ConnectionString {
             data_dir,
@@ -135,15 +125,17 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(
-    data_dir: PathBuf,
-    config_file: Option<PathBuf>,
-    host_name: Option<String>,
-    hub_name: Option<String>,
-    https_addr: Option<std::net::SocketAddr>,
-    mqtt_addr: Option<std::net::SocketAddr>,
-    relaxed: bool,
-) -> anyhow::Result<()> {
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let ServeArgs {
+        data_dir,
+        config: config_file,
+        host_name,
+        hub_name,
+        https_addr,
+        mqtt_addr,
+        amqp_addr,
+        relaxed_durability: relaxed,
+    } = args;
     let mut config = match &config_file {
         Some(p) => Config::load(p)?,
         None => Config::default(),
@@ -159,6 +151,9 @@ fn serve(
     }
     if let Some(a) = mqtt_addr {
         config.listeners.mqtt = a;
+    }
+    if let Some(a) = amqp_addr {
+        config.listeners.amqp = a;
     }
     if relaxed {
         config.storage.durability = DurabilitySetting::Relaxed;

@@ -22,7 +22,7 @@ use crate::config::{Config, ConfigError, DurabilitySetting};
 use crate::hub::{self, Authenticator, Connections, D2cNotify, HubContext, StoreHandle};
 use crate::rest;
 use crate::tls::{self, TlsError, TlsPaths};
-use crate::transport::{https, mqtt_tls};
+use crate::transport::{amqp_tls, https, mqtt_tls};
 use warp::Filter;
 
 /// How long shutdown waits for open connections before closing the store anyway.
@@ -239,7 +239,9 @@ pub async fn serve(
     let paths = TlsPaths::new(data_dir);
     let https_listener = bind(config.listeners.https).await?;
     let mqtt_listener = bind(config.listeners.mqtt).await?;
+    let amqp_listener = bind(config.listeners.amqp).await?;
     let (https_addr, mqtt_addr) = (local(&https_listener)?, local(&mqtt_listener)?);
+    let amqp_addr = local(&amqp_listener)?;
     let services = Services::start(store, hub, &config, clock, &shutdown).await?;
     let ctx = services.ctx.clone();
     let tracker = TaskTracker::new();
@@ -262,11 +264,19 @@ pub async fn serve(
             shutdown.clone(),
             tracker.clone(),
         )),
+        tokio::spawn(amqp_tls::serve(
+            amqp_listener,
+            TlsAcceptor::from(tls::server_config(&paths)?),
+            ctx.clone(),
+            shutdown.clone(),
+            tracker.clone(),
+        )),
     ];
     // Tests and scripts read these lines to learn the bound addresses; https comes last.
     println!("listening mqtt={mqtt_addr}");
+    println!("listening amqp={amqp_addr}");
     println!("listening https={https_addr}");
-    tracing::info!(%https_addr, %mqtt_addr, "listening");
+    tracing::info!(%https_addr, %mqtt_addr, %amqp_addr, "listening");
     shutdown.cancelled().await;
     tracing::info!("shutting down: no new connections; draining");
     for t in listeners {

@@ -11,6 +11,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("node", 8),
     ("transport", 7),
     ("mqtt", 6),
+    ("amqp", 6),
     ("rest", 6),
     ("hub", 5),
     ("error_codes", 4),

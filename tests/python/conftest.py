@@ -29,10 +29,10 @@ def owner(hub):
 
 @pytest.fixture(scope="module")
 def sdk_hub(tmp_path_factory):
-    """A hub on the fixed ports the official device SDK uses (8883, 443): one per test module,
+    """A hub on the fixed ports the official SDKs use (8883, 443, 5671): one per test module,
     so modules that use it run one after another."""
     h = Hub(tmp_path_factory.mktemp("sdk") / "hub")
-    h.https_addr, h.mqtt_addr = "127.0.0.1:443", "127.0.0.1:8883"
+    h.https_addr, h.mqtt_addr, h.amqp_addr = "127.0.0.1:443", "127.0.0.1:8883", "127.0.0.1:5671"
     h.start()
     yield h
     h.stop()

@@ -54,6 +54,8 @@ class Hub:
         self.mqtt_port = None
         self.https_addr = "127.0.0.1:0"
         self.mqtt_addr = "127.0.0.1:0"
+        self.amqp_addr = "127.0.0.1:0"
+        self.amqp_port = None
         self.startup_lines: list[str] = []
         self.stderr_path = self.data_dir.parent / (self.data_dir.name + ".stderr.log")
 
@@ -63,7 +65,7 @@ class Hub:
         err = open(self.stderr_path, "ab")
         self.proc = subprocess.Popen(
             [binary(), "serve", "--data-dir", str(self.data_dir), "--https-addr", self.https_addr,
-             "--mqtt-addr", self.mqtt_addr, *extra_args],
+             "--mqtt-addr", self.mqtt_addr, "--amqp-addr", self.amqp_addr, *extra_args],
             stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1,
         )
         deadline = time.time() + timeout
@@ -77,6 +79,9 @@ class Hub:
             m = re.match(r"listening mqtt=.*:(\d+)$", line)
             if m:
                 self.mqtt_port = int(m.group(1))
+            m = re.match(r"listening amqp=.*:(\d+)$", line)
+            if m:
+                self.amqp_port = int(m.group(1))
             m = re.match(r"listening https=.*:(\d+)$", line)
             if m:
                 self.port = int(m.group(1))

@@ -88,7 +88,8 @@ def test_readme_run_command_starts_a_hub(tmp_path):
     import threading
     from hubkit import REPO
     env = dict(os.environ, FERROHUB_DATA_DIR=str(tmp_path / "data"))
-    proc = subprocess.Popen([str(REPO / "scripts" / "run-hub.sh"), "--https-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0"],
+    proc = subprocess.Popen([str(REPO / "scripts" / "run-hub.sh"), "--https-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0",
+                             "--amqp-addr", "127.0.0.1:0"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     lines = []
     timer = threading.Timer(900, proc.kill)

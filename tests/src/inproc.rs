@@ -95,6 +95,30 @@ impl InProcHub {
         .expect("token")
     }
 
+    /// A token of `policy` for the hub, expiring at `expiry` (seconds since the epoch).
+    pub fn policy_token(&self, policy: &str, expiry: u64) -> String {
+        let key = &self
+            .ctx
+            .settings
+            .policy(policy)
+            .unwrap_or_else(|| panic!("no policy {policy}"))
+            .primary_key;
+        ferrohub_server::auth::sas::sign(&self.ctx.settings.host_name, key, expiry, Some(policy))
+            .expect("token")
+    }
+
+    /// Opens a byte stream served by the hub's real AMQP connection code (as after TLS).
+    pub fn amqp_stream(&self) -> tokio::io::DuplexStream {
+        let (client, server) = tokio::io::duplex(1 << 17);
+        tokio::spawn(ferrohub_server::amqp::serve(
+            server,
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            self.ctx.clone(),
+            self.shutdown.clone(),
+        ));
+        client
+    }
+
     /// A REST call with the owner's token: status and JSON body (`Null` when empty).
     pub async fn rest(&self, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
         let mut req = warp::test::request()

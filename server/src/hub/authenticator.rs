@@ -39,6 +39,14 @@ pub enum AuthFailure {
     Unavailable(StorageError),
 }
 
+/// A principal proved by a token, valid until the token's expiry.
+#[derive(Debug, Clone)]
+pub struct ServiceClaim {
+    pub principal: Principal,
+    /// The token's `se`, seconds since the epoch.
+    pub expires_secs: u64,
+}
+
 /// A device or module allowed to connect, and how it proved it.
 #[derive(Debug, Clone)]
 pub struct DeviceAuth {
@@ -72,10 +80,23 @@ impl Authenticator {
     /// [`AuthFailure::Refused`] with the reason; [`AuthFailure::Unavailable`] when the
     /// identity could not be read.
     pub async fn service_token(&self, token: &str) -> Result<Principal, AuthFailure> {
+        self.service_claim(token).await.map(|c| c.principal)
+    }
+
+    /// [`Authenticator::service_token`], with the token's expiry: for protocols where one
+    /// token authorises a connection until it expires or is replaced (AMQP CBS).
+    ///
+    /// # Errors
+    /// As [`Authenticator::service_token`].
+    pub async fn service_claim(&self, token: &str) -> Result<ServiceClaim, AuthFailure> {
         let token = SasToken::parse(token).map_err(AuthError::from)?;
         let now = self.clock.now_secs();
+        let claim = |principal| ServiceClaim {
+            principal,
+            expires_secs: token.expiry,
+        };
         if let Some(p) = auth::authenticate_policy(&token, &self.settings, now)? {
-            return Ok(p);
+            return Ok(claim(p));
         }
         let Scope::Device {
             device_id,
@@ -89,7 +110,48 @@ impl Authenticator {
             None => Identity::for_device(device_id),
         };
         let record = self.record(&who).await?;
-        Ok(auth::authenticate_identity(&token, &record, now)?)
+        Ok(claim(auth::authenticate_identity(&token, &record, now)?))
+    }
+
+    /// A shared access policy's token, checked at once and without storage (policies live in
+    /// the hub's settings): for SASL PLAIN, whose answer cannot wait.
+    ///
+    /// # Errors
+    /// [`AuthError`] when it is not a valid, current token of a policy of this hub.
+    pub fn policy_claim(&self, token: &str) -> Result<ServiceClaim, AuthError> {
+        let token = SasToken::parse(token)?;
+        let principal = auth::authenticate_policy(&token, &self.settings, self.clock.now_secs())?
+            .ok_or(AuthError::UnknownPolicy(String::new()))?;
+        Ok(ServiceClaim {
+            principal,
+            expires_secs: token.expiry,
+        })
+    }
+
+    /// A policy's own key, as SASL PLAIN may carry it (user `{policy}@sas.root.{hub}`): valid
+    /// as long as the key is.
+    ///
+    /// # Errors
+    /// [`AuthError::UnknownPolicy`] for an unknown policy or a key that is not one of its two.
+    pub fn policy_key_claim(&self, policy: &str, key: &str) -> Result<ServiceClaim, AuthError> {
+        let refused = || AuthError::UnknownPolicy(policy.to_string());
+        let p = self.settings.policy(policy).ok_or_else(refused)?;
+        if !same_secret(key, &p.primary_key) && !same_secret(key, &p.secondary_key) {
+            return Err(refused());
+        }
+        Ok(ServiceClaim {
+            principal: Principal {
+                signer: auth::Signer::Policy(p.name.clone()),
+                scope: Scope::Hub,
+                permissions: p.permissions,
+            },
+            expires_secs: u64::MAX,
+        })
+    }
+
+    /// Seconds since the epoch by the hub's clock, to compare with a claim's expiry.
+    pub fn now_secs(&self) -> u64 {
+        self.clock.now_secs()
     }
 
     /// A device or module connecting with a SAS token (`Some`) or, without one, the TLS client
@@ -216,4 +278,12 @@ impl Authenticator {
             }
         }
     }
+}
+/// Compares two secrets in time independent of where they differ.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
 }

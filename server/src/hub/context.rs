@@ -4,10 +4,11 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use ferrohub_engine::c2d::{C2dError, C2dMessage, FeedbackMessage, Settle, TimerKind};
 use ferrohub_engine::d2c::{Appended, D2cError, NewEvent};
 use ferrohub_engine::hub::HubSettings;
 use ferrohub_engine::notifications::EventSource;
-use ferrohub_engine::UnixMillis;
+use ferrohub_engine::{StorageError, UnixMillis};
 
 use super::append_lane::{AppendLane, Message};
 use super::authenticator::Authenticator;
@@ -16,7 +17,7 @@ use super::d2c_notify::D2cNotify;
 use super::store_handle::StoreHandle;
 use super::{c2d, methods, routes};
 use crate::clock::{iso7, Clock};
-use crate::ids::ModuleId;
+use crate::ids::{DeviceId, LockToken, ModuleId};
 
 /// Everything a protocol handler may use, cheap to clone.
 #[derive(Clone)]
@@ -33,6 +34,22 @@ pub struct HubContext {
 }
 
 impl HubContext {
+    /// Queues a C2D message for a device (C2D-1, C2D-2), durably, and wakes its connection and
+    /// the expiry task. The message's size was checked by the protocol that received it.
+    ///
+    /// # Errors
+    /// [`C2dError`]: an unknown device, a full queue (nothing stored), storage.
+    pub async fn send_c2d(&self, device_id: DeviceId, message: C2dMessage) -> Result<(), C2dError> {
+        let (settings, id, at) = (self.c2d.settings, device_id.clone(), self.clock.now());
+        let sent = self
+            .store
+            .run(move |s| s.send_c2d(&id, message, at, &settings))
+            .await?;
+        self.c2d.scheduled(TimerKind::Expiry, sent.expiry);
+        self.connections.wake_c2d(&device_id);
+        Ok(())
+    }
+
     /// A new ordered lane for one connection's (or request's) device messages.
     pub fn telemetry_lane(&self) -> AppendLane {
         self.store.lane(Arc::clone(&self.d2c))
@@ -51,6 +68,40 @@ impl HubContext {
         let now = self.clock.now();
         let message = self.route_telemetry(events, module_id, now);
         lane.append(message, now).await
+    }
+
+    /// Locks the next feedback message (C2D-5) for a back-end, if there is one, and tells the
+    /// lock and expiry tasks.
+    ///
+    /// # Errors
+    /// Storage.
+    pub async fn receive_feedback(&self) -> Result<Option<FeedbackMessage>, StorageError> {
+        let (settings, at) = (self.c2d.settings, self.clock.now());
+        let got = self
+            .store
+            .run(move |s| s.receive_feedback(at, &settings))
+            .await?;
+        if let Some(f) = &got {
+            self.c2d
+                .scheduled(TimerKind::Lock, UnixMillis(at.0 + settings.lock_timeout_ms));
+            self.c2d.scheduled(
+                TimerKind::Expiry,
+                UnixMillis(f.enqueued.0 + settings.feedback_ttl_ms),
+            );
+        }
+        Ok(got)
+    }
+
+    /// Completes, abandons or dead-letters a locked feedback message.
+    ///
+    /// # Errors
+    /// [`C2dError::LockLost`] or a malformed token, storage.
+    pub async fn settle_feedback(&self, token: LockToken, action: Settle) -> Result<(), C2dError> {
+        let (settings, at) = (self.c2d.settings, self.clock.now());
+        self.store
+            .run(move |s| s.settle_feedback(&token, action, at, &settings))
+            .await
+            .map(drop)
     }
 
     /// The lane message for `events`: routed now when no route needs storage, else from the

@@ -30,7 +30,7 @@ pub mod routes;
 pub mod store_handle;
 
 pub use append_lane::{AppendLane, Message};
-pub use authenticator::{AuthFailure, Authenticator, DeviceAuth};
+pub use authenticator::{AuthFailure, Authenticator, DeviceAuth, ServiceClaim};
 pub use connections::Connections;
 pub use context::HubContext;
 pub use d2c_notify::D2cNotify;

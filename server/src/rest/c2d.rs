@@ -8,12 +8,9 @@
 //!   send or abandon, the deadline tasks after a new lock or expiry.
 
 use bytes::Bytes;
-use ferrohub_engine::c2d::{
-    C2dMessage, Delivered, FeedbackMessage, Sent, Settle, Settled, TimerKind,
-};
+use ferrohub_engine::c2d::{C2dMessage, Delivered, Settle, Settled, TimerKind};
 use ferrohub_engine::model::Status;
 use ferrohub_engine::UnixMillis;
-use serde::Serialize;
 use warp::filters::BoxedFilter;
 use warp::http::{HeaderMap, HeaderValue};
 use warp::{Filter, Rejection};
@@ -22,10 +19,8 @@ use super::error::ApiError;
 use super::reply::{json, no_content, one_of, Handled, Response};
 use super::{caller, Context, PathId};
 use crate::auth::{AuthError, Permission, Principal};
-use crate::c2d_message::{self, MAX_C2D_BYTES};
+use crate::c2d_message;
 use crate::ids::{DeviceId, LockToken};
-
-const FEEDBACK_CONTENT_TYPE: &str = "application/vnd.microsoft.iothub.feedback.json";
 
 /// `deviceBound` as IoT Hub spells it, or all lower case (the SDKs use both).
 fn device_bound() -> impl Filter<Extract = (), Error = Rejection> + Clone {
@@ -128,17 +123,7 @@ fn message_from(headers: &HeaderMap, body: Bytes) -> Result<C2dMessage, ApiError
         properties,
         body: body.to_vec(),
     };
-    let size = message.body.len()
-        + message
-            .properties
-            .iter()
-            .map(|(k, v)| k.len() + v.len())
-            .sum::<usize>();
-    if size > MAX_C2D_BYTES {
-        return Err(ApiError::TooLarge(format!(
-            "the message is {size} bytes with its properties; at most {MAX_C2D_BYTES}"
-        )));
-    }
+    c2d_message::check_size(&message).map_err(ApiError::TooLarge)?;
     Ok(message)
 }
 
@@ -152,13 +137,7 @@ async fn send(
     let device_id = DeviceId::new(device.0);
     p.require_hub(Permission::ServiceConnect)?;
     let message = message_from(&headers, body)?;
-    let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
-    let sent: Sent = ctx
-        .store
-        .run(move |s| s.send_c2d(&id, message, at, &settings))
-        .await?;
-    ctx.c2d.scheduled(TimerKind::Expiry, sent.expiry);
-    ctx.connections.wake_c2d(&device_id);
+    ctx.send_c2d(device_id, message).await?;
     Ok(no_content())
 }
 
@@ -276,52 +255,12 @@ async fn settle(
     Ok(no_content())
 }
 
-/// One record as seed 002 shows it, fields in its order.
-#[derive(Serialize)]
-struct FeedbackJson {
-    #[serde(rename = "OriginalMessageId")]
-    original_message_id: Option<String>,
-    #[serde(rename = "EnqueuedTimeUtc")]
-    enqueued_time_utc: String,
-    #[serde(rename = "StatusCode")]
-    status_code: u8,
-    #[serde(rename = "Description")]
-    description: &'static str,
-    #[serde(rename = "DeviceId")]
-    device_id: String,
-    #[serde(rename = "DeviceGenerationId")]
-    device_generation_id: String,
-}
-
 async fn receive_feedback(ctx: Context, p: Principal) -> Handled {
     p.require_hub(Permission::ServiceConnect)?;
-    let (settings, at) = (ctx.c2d.settings, ctx.clock.now());
-    let got: Option<FeedbackMessage> = ctx
-        .store
-        .run(move |s| s.receive_feedback(at, &settings))
-        .await?;
-    let Some(f) = got else {
+    let Some(f) = ctx.receive_feedback().await? else {
         return Ok(no_content());
     };
-    ctx.c2d
-        .scheduled(TimerKind::Lock, UnixMillis(at.0 + settings.lock_timeout_ms));
-    ctx.c2d.scheduled(
-        TimerKind::Expiry,
-        UnixMillis(f.enqueued.0 + settings.feedback_ttl_ms),
-    );
-    let body: Vec<FeedbackJson> = f
-        .records
-        .iter()
-        .map(|r| FeedbackJson {
-            original_message_id: r.original_message_id.clone(),
-            enqueued_time_utc: c2d_message::iso(r.enqueued_time),
-            status_code: r.status.code(),
-            description: r.status.description(),
-            device_id: r.device_id.clone(),
-            device_generation_id: r.device_generation_id.clone(),
-        })
-        .collect();
-    let json = serde_json::to_vec(&body).map_err(|e| ApiError::format(e.to_string()))?;
+    let json = c2d_message::feedback_body(&f);
     let mut response = Response::new(json.into());
     let h = response.headers_mut();
     let mut set = |k: &'static str, v: String| {
@@ -329,7 +268,7 @@ async fn receive_feedback(ctx: Context, p: Principal) -> Handled {
             h.insert(k, v);
         }
     };
-    set("content-type", FEEDBACK_CONTENT_TYPE.into());
+    set("content-type", c2d_message::FEEDBACK_CONTENT_TYPE.into());
     set("etag", format!("\"{}\"", f.lock_token));
     set("iothub-enqueuedtime", c2d_message::iso(f.enqueued));
     set("iothub-deliverycount", f.delivery_count.to_string());
@@ -348,9 +287,6 @@ async fn abandon_feedback(token: PathId, ctx: Context, p: Principal) -> Handled 
 
 async fn settle_feedback(token: String, ctx: Context, p: Principal, action: Settle) -> Handled {
     p.require_hub(Permission::ServiceConnect)?;
-    let (settings, at) = (ctx.c2d.settings, ctx.clock.now());
-    ctx.store
-        .run(move |s| s.settle_feedback(&token, action, at, &settings))
-        .await?;
+    ctx.settle_feedback(LockToken::new(token), action).await?;
     Ok(no_content())
 }

@@ -1,6 +1,7 @@
 //! The accept loop every TCP listener uses: a connection permit is taken *before* `accept`, so
 //! at most `max_connections` sockets are open per listener; accept errors back off (1 ms to 1 s)
-//! instead of spinning; on shutdown the loop stops accepting and returns.
+//! instead of spinning; on shutdown the loop stops accepting and returns. [`accept_tls_loop`]
+//! adds the TLS handshake the MQTT and AMQP listeners share.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -9,6 +10,8 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -48,4 +51,46 @@ pub async fn accept_loop<F, Fut>(
             fut.await;
         });
     }
+}
+
+/// How long a client has to finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// [`accept_loop`] with a TLS handshake (under [`HANDSHAKE_TIMEOUT`]) before `protocol` gets
+/// the stream; `name` labels the failures in the log.
+pub async fn accept_tls_loop<F, Fut>(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    max_connections: usize,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+    name: &'static str,
+    protocol: F,
+) where
+    F: Fn(TlsStream<TcpStream>, SocketAddr, CancellationToken) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let acceptor = Arc::new(acceptor);
+    let inner_shutdown = shutdown.clone();
+    accept_loop(
+        listener,
+        max_connections,
+        shutdown,
+        tracker,
+        move |tcp, peer| {
+            let (acceptor, protocol, shutdown) = (
+                Arc::clone(&acceptor),
+                protocol.clone(),
+                inner_shutdown.clone(),
+            );
+            async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => protocol(tls, peer, shutdown).await,
+                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "{name} TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "{name} TLS handshake timed out"),
+                }
+            }
+        },
+    )
+    .await
 }

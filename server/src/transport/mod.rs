@@ -5,6 +5,7 @@
 //! - [`https`]: TLS, then HTTP/1.1 (hyper) with a warp route table: the REST API, and the
 //!   WebSocket upgrades of [`ws`].
 //! - [`mqtt_tls`]: MQTT over TLS on 8883.
+//! - [`amqp_tls`]: AMQP over TLS on 5671.
 //! - [`ws`], [`ws_io`]: MQTT over WebSocket on 443, as a byte stream.
 //!
 //! Transports sit above the protocol adapters: they know which protocol a stream carries, the
@@ -13,6 +14,7 @@
 //! [`PeerInfo`]: crate::mqtt::connection::PeerInfo
 
 pub mod accept;
+pub mod amqp_tls;
 pub mod https;
 pub mod mqtt_tls;
 pub mod ws;

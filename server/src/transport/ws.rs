@@ -1,5 +1,6 @@
-//! MQTT over WebSocket on the HTTPS port: `GET /$iothub/websocket` with subprotocol `mqtt`
-//! (MQT-1, `compat` §A1). After the upgrade the connection is an ordinary MQTT connection.
+//! WebSocket upgrades on the HTTPS port, each then an ordinary connection of its protocol:
+//! - MQTT: `GET /$iothub/websocket`, subprotocol `mqtt` (MQT-1, `compat` §A1);
+//! - AMQP: `GET /$servicebus/websocket/`, subprotocol `AMQPWSB10` (AMQ-1, `compat` §B5).
 
 use std::net::SocketAddr;
 
@@ -18,20 +19,70 @@ pub struct PeerAddr(pub SocketAddr);
 #[derive(Debug, Clone)]
 pub struct ShutdownSignal(pub CancellationToken);
 
+/// Largest WebSocket message accepted on an AMQP connection: one AMQP frame (64 KiB) and the
+/// WebSocket framing, with room to spare.
+const MAX_AMQP_WS_MESSAGE: usize = 1 << 20;
+
 pub fn routes(
+    ctx: HubContext,
+) -> impl Filter<Extract = (warp::reply::Response,), Error = Rejection> + Clone {
+    mqtt(ctx.clone()).or(amqp(ctx)).unify()
+}
+
+/// The peer's address and the node's shutdown signal, as the HTTPS listener recorded them.
+fn connection_facts(
+) -> impl Filter<Extract = ((SocketAddr, CancellationToken),), Error = std::convert::Infallible> + Clone
+{
+    warp::ext::optional::<PeerAddr>()
+        .and(warp::ext::optional::<ShutdownSignal>())
+        .map(|peer: Option<PeerAddr>, shutdown: Option<ShutdownSignal>| {
+            let addr = peer
+                .map(|p| p.0)
+                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+            (addr, shutdown.map(|s| s.0).unwrap_or_default())
+        })
+}
+
+/// AMQP over WebSocket; the SDK's path ends with a slash, which is accepted with or without.
+fn amqp(
+    ctx: HubContext,
+) -> impl Filter<Extract = (warp::reply::Response,), Error = Rejection> + Clone {
+    warp::path("$servicebus")
+        .and(warp::path("websocket"))
+        .and(warp::path::tail())
+        .and_then(|rest: warp::path::Tail| async move {
+            if rest.as_str().is_empty() {
+                Ok(())
+            } else {
+                Err(warp::reject::not_found())
+            }
+        })
+        .untuple_one()
+        .and(warp::ws())
+        .and(connection_facts())
+        .map(
+            move |ws: warp::ws::Ws, (addr, shutdown): (SocketAddr, CancellationToken)| {
+                let ctx = ctx.clone();
+                let upgrade = ws
+                    .max_message_size(MAX_AMQP_WS_MESSAGE)
+                    .on_upgrade(move |socket| {
+                        crate::amqp::serve(WsIo::new(socket), addr, ctx, shutdown)
+                    });
+                warp::reply::with_header(upgrade, "sec-websocket-protocol", "AMQPWSB10")
+                    .into_response()
+            },
+        )
+}
+
+fn mqtt(
     ctx: HubContext,
 ) -> impl Filter<Extract = (warp::reply::Response,), Error = Rejection> + Clone {
     warp::path!("$iothub" / "websocket")
         .and(warp::ws())
-        .and(warp::ext::optional::<PeerAddr>())
-        .and(warp::ext::optional::<ShutdownSignal>())
+        .and(connection_facts())
         .map(
-            move |ws: warp::ws::Ws, peer: Option<PeerAddr>, shutdown: Option<ShutdownSignal>| {
+            move |ws: warp::ws::Ws, (addr, shutdown): (SocketAddr, CancellationToken)| {
                 let ctx = ctx.clone();
-                let addr = peer
-                    .map(|p| p.0)
-                    .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
-                let shutdown = shutdown.map(|s| s.0).unwrap_or_default();
                 let upgrade =
                     ws.max_message_size(MAX_PACKET)
                         .on_upgrade(move |socket| async move {

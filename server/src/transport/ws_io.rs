@@ -1,4 +1,4 @@
-//! A WebSocket as a byte stream: MQTT over WebSocket (MQT-1) carries the MQTT byte stream in
+//! A WebSocket as a byte stream: MQTT (MQT-1) and AMQP (AMQ-1) over WebSocket carry their byte streams in
 //! binary frames, and packets may span frames or share one, so the codec reads it as a stream.
 
 use std::io;
@@ -13,6 +13,14 @@ use warp::ws::{Message, WebSocket};
 pub struct WsIo {
     ws: WebSocket,
     pending: Bytes,
+}
+
+impl std::fmt::Debug for WsIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WsIo")
+            .field("pending", &self.pending.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl WsIo {

@@ -1,0 +1,162 @@
+//! One AMQP connection: SASL, then sessions, each serving the links the client attaches.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use fe2o3_amqp::acceptor::{
+    ConnectionAcceptor, LinkAcceptor, LinkEndpoint, ListenerSessionHandle, SessionAcceptor,
+    SupportedReceiverSettleModes,
+};
+use fe2o3_amqp::connection::OpenError;
+use fe2o3_amqp::types::definitions::ReceiverSettleMode;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::address::Node;
+use super::cbs::{self, CbsReplies};
+use super::claims::Claims;
+use super::header::{read_header, Opening};
+use super::sasl::HubSasl;
+use super::{c2d_send, errors, feedback};
+use crate::auth::Permission;
+use crate::hub::HubContext;
+
+/// SASL and the AMQP open must be done within this time.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest frame either side may send (the SDKs ask for 65,536).
+const MAX_FRAME: u32 = 65_536;
+
+/// Serves one connection on `stream` (TLS or WebSocket already done) until the client closes
+/// it or the node shuts down.
+pub async fn serve<Io>(stream: Io, peer: SocketAddr, ctx: HubContext, shutdown: CancellationToken)
+where
+    Io: AsyncRead + AsyncWrite + std::fmt::Debug + Send + Unpin + 'static,
+{
+    let claims = Claims::default();
+    let opened = async {
+        let (opening, stream) = read_header(stream).await.map_err(OpenError::Io)?;
+        let acceptor = ConnectionAcceptor::builder()
+            .container_id(ctx.settings.hub_name.clone())
+            .max_frame_size(MAX_FRAME);
+        match opening {
+            Opening::Sasl => {
+                acceptor
+                    .sasl_acceptor(HubSasl::new(ctx.auth.clone(), claims.clone()))
+                    .build()
+                    .accept(stream)
+                    .await
+            }
+            Opening::Amqp => acceptor.build().accept(stream).await,
+            Opening::Other(header) => Err(OpenError::ProtocolHeaderMismatch(
+                bytes::Bytes::copy_from_slice(&header),
+            )),
+        }
+    };
+    let mut connection = match tokio::time::timeout(OPEN_TIMEOUT, opened).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "AMQP connection refused");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "AMQP open timed out");
+            return;
+        }
+    };
+    tracing::info!(%peer, "AMQP connection open");
+    let sessions_acceptor = SessionAcceptor::new();
+    let mut sessions = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = sessions_acceptor.accept(&mut connection) => match accepted {
+                Ok(session) => {
+                    sessions.spawn(serve_session(session, ctx.clone(), claims.clone()));
+                }
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "AMQP connection ended");
+                    break;
+                }
+            },
+        }
+    }
+    sessions.shutdown().await;
+    let _ = connection.close().await;
+    tracing::info!(%peer, "AMQP connection closed");
+}
+
+/// Serves one session: each attached link by the node it names.
+async fn serve_session(mut session: ListenerSessionHandle, ctx: HubContext, claims: Claims) {
+    // Dispositions always settle: uamqp's sender asks for rcv-settle-mode `second` but only
+    // completes a message on a settled disposition, as IoT Hub sends (it answers `first`).
+    let links_acceptor = LinkAcceptor::builder()
+        .supported_receiver_settle_modes(SupportedReceiverSettleModes::First)
+        .fallback_receiver_settle_mode(ReceiverSettleMode::First)
+        .build();
+    let replies = CbsReplies::default();
+    let mut links = JoinSet::new();
+    while let Some(attach) = session.next_incoming_attach().await {
+        let node = Node::of(&attach);
+        tracing::debug!(?node, role = ?attach.role, name = %attach.name, "AMQP attach");
+        let link = match links_acceptor
+            .accept_incoming_attach(attach, &mut session)
+            .await
+        {
+            Ok(link) => link,
+            Err(e) => {
+                tracing::debug!(error = %e, "AMQP attach refused");
+                continue;
+            }
+        };
+        match (node, link) {
+            (Node::Cbs, LinkEndpoint::Receiver(r)) => {
+                links.spawn(cbs::serve_requests(
+                    r,
+                    replies.clone(),
+                    ctx.clone(),
+                    claims.clone(),
+                ));
+            }
+            (Node::Cbs, LinkEndpoint::Sender(s)) => {
+                let reply_task = replies.attach(s);
+                links.spawn(async move {
+                    let _ = reply_task.await;
+                });
+            }
+            (Node::DeviceBound, LinkEndpoint::Receiver(r)) => {
+                match claims.check(Permission::ServiceConnect, ctx.auth.now_secs()) {
+                    Ok(()) => {
+                        links.spawn(c2d_send::serve(r, ctx.clone(), claims.clone()));
+                    }
+                    Err(reason) => {
+                        let _ = r.close_with_error(errors::unauthorized(&reason)).await;
+                    }
+                }
+            }
+            (Node::Feedback, LinkEndpoint::Sender(s)) => {
+                links.spawn(feedback::serve(s, ctx.clone(), claims.clone()));
+            }
+            (Node::FileNotifications, LinkEndpoint::Sender(s)) => {
+                links.spawn(feedback::serve_file_notifications(
+                    s,
+                    ctx.clone(),
+                    claims.clone(),
+                ));
+            }
+            (node, link) => {
+                let name = match node {
+                    Node::Unknown(address) => address,
+                    known => format!("{known:?} in this direction"),
+                };
+                let error = errors::unknown_node(&name);
+                let _ = match link {
+                    LinkEndpoint::Sender(s) => s.close_with_error(error).await.map_err(drop),
+                    LinkEndpoint::Receiver(r) => r.close_with_error(error).await.map_err(drop),
+                };
+            }
+        }
+    }
+    links.shutdown().await;
+    let _ = session.end().await;
+}

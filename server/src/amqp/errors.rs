@@ -1,0 +1,63 @@
+//! AMQP error conditions for what the hub refuses, with IoT Hub's error name and number in
+//! the description (`ErrorCode:{name};{message}`, as IoT Hub writes them) and as `info`.
+
+use fe2o3_amqp::types::definitions::{AmqpError, Error, ErrorCondition, Fields, LinkError};
+use fe2o3_amqp::types::primitives::{Symbol, Value};
+use ferrohub_engine::c2d::C2dError;
+
+use super::message::BadMessage;
+use crate::error_codes;
+
+fn error(condition: impl Into<ErrorCondition>, name: &str, code: u32, message: &str) -> Error {
+    let mut info = Fields::default();
+    info.insert(Symbol::from("status-code"), Value::Int(code as i32));
+    Error::new(condition, format!("ErrorCode:{name};{message}"), Some(info))
+}
+
+/// A refused C2D send.
+pub fn c2d(e: &C2dError) -> Error {
+    let (_, name, code) = error_codes::c2d(e);
+    let condition: ErrorCondition = match e {
+        C2dError::DeviceNotFound(_) => AmqpError::NotFound.into(),
+        C2dError::QueueFull { .. } => AmqpError::ResourceLimitExceeded.into(),
+        C2dError::BadLockToken(_) => AmqpError::InvalidField.into(),
+        C2dError::LockLost(_) => AmqpError::PreconditionFailed.into(),
+        C2dError::Storage(_) => AmqpError::InternalError.into(),
+    };
+    error(condition, name, code, &e.to_string())
+}
+
+/// A message that cannot be a C2D message.
+pub fn bad_message(e: &BadMessage) -> Error {
+    match e {
+        BadMessage::Field(m) => error(AmqpError::InvalidField, "ArgumentInvalid", 400004, m),
+        BadMessage::TooLarge(m) => {
+            error(LinkError::MessageSizeExceeded, "MessageTooLarge", 413001, m)
+        }
+    }
+}
+
+/// A link used without a claim that allows it.
+pub fn unauthorized(reason: &str) -> Error {
+    error(
+        AmqpError::UnauthorizedAccess,
+        "IotHubUnauthorizedAccess",
+        401002,
+        reason,
+    )
+}
+
+/// A failure of the hub itself (storage).
+pub fn internal(message: &str) -> Error {
+    error(AmqpError::InternalError, "ServerError", 500001, message)
+}
+
+/// A link to an address the hub does not serve.
+pub fn unknown_node(address: &str) -> Error {
+    error(
+        AmqpError::NotFound,
+        "IotHubNotFound",
+        404000,
+        &format!("no AMQP node {address:?}: the service endpoint serves $cbs, /messages/devicebound, /messages/serviceBound/feedback and /messages/serviceBound/filenotifications"),
+    )
+}

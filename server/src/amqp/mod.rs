@@ -1,0 +1,42 @@
+//! The AMQP 1.0 service endpoint (AMQ-1..AMQ-3): what the official service SDKs use to send
+//! cloud-to-device messages and read feedback (`compat` §B5).
+//!
+//! The AMQP framing, SASL exchange and link state machines are `fe2o3-amqp`'s; this adapter
+//! decides what each link means and maps messages to the hub and back. It reaches the engine
+//! only through [`HubContext`], like the MQTT and REST adapters.
+//!
+//! # Layout
+//! - [`connection`]: one connection: SASL, sessions, and which link serves which address.
+//! - `header`: SASL or plain AMQP, from the client's protocol header.
+//! - `sasl`: the mechanisms offered (`MSSBCBS`, `PLAIN`, `ANONYMOUS`).
+//! - `claims`: what the connection is authorised for, and until when.
+//! - `cbs`: the `$cbs` node (put-token requests and their replies).
+//! - `c2d_send`: sender links to `/messages/devicebound`.
+//! - `feedback`: receiver links on `/messages/serviceBound/feedback` (and, delivering nothing
+//!   until file uploads exist, `/messages/serviceBound/filenotifications`).
+//! - `message`: AMQP messages to the hub's C2D message and feedback to AMQP.
+//! - `errors`: AMQP error conditions for hub failures.
+//!
+//! # Invariants
+//! - Every link but `$cbs` is served only while the connection holds a claim (a CBS token,
+//!   or SASL PLAIN credentials) that has not expired and carries the permission the address
+//!   needs (ServiceConnect); otherwise the link is detached with `amqp:unauthorized-access`.
+//! - A C2D message is `accepted` only after it is durable; a refused one is `rejected` with an
+//!   `amqp:*` condition and nothing is stored.
+//! - Every receiving link works through its credit one delivery at a time, so a client cannot
+//!   make the hub buffer more than a link's credit per link.
+//!
+//! [`HubContext`]: crate::hub::HubContext
+
+mod address;
+mod c2d_send;
+mod cbs;
+mod claims;
+pub mod connection;
+mod errors;
+mod feedback;
+mod header;
+mod message;
+mod sasl;
+
+pub use connection::serve;

@@ -1,0 +1,33 @@
+//! AMQP over TLS (port 5671, AMQ-1): TLS 1.2 and 1.3 with the hub's server certificate, then
+//! the AMQP connection (SASL first).
+
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::accept::accept_tls_loop;
+use crate::amqp;
+use crate::hub::HubContext;
+
+/// Service back-ends hold few connections; the rest of the process's files go to devices.
+pub const MAX_CONNECTIONS: usize = 1_000;
+
+pub async fn serve(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    ctx: HubContext,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+) {
+    accept_tls_loop(
+        listener,
+        acceptor,
+        MAX_CONNECTIONS,
+        shutdown,
+        tracker,
+        "AMQP",
+        move |tls, peer, shutdown| amqp::serve(tls, peer, ctx.clone(), shutdown),
+    )
+    .await
+}
