@@ -9,7 +9,7 @@ use fe2o3_amqp::acceptor::{
 };
 use fe2o3_amqp::connection::OpenError;
 use fe2o3_amqp::types::definitions::ReceiverSettleMode;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -48,9 +48,15 @@ where
                     .await
             }
             Opening::Amqp => acceptor.build().accept(stream).await,
-            Opening::Other(header) => Err(OpenError::ProtocolHeaderMismatch(
-                bytes::Bytes::copy_from_slice(&header),
-            )),
+            Opening::Other(header) => {
+                // AMQP's answer to a header it does not speak: the one it does, then close.
+                let mut stream = stream;
+                let _ = stream.write_all(b"AMQP\x03\x01\x00\x00").await;
+                let _ = stream.shutdown().await;
+                Err(OpenError::ProtocolHeaderMismatch(
+                    bytes::Bytes::copy_from_slice(&header),
+                ))
+            }
         }
     };
     let mut connection = match tokio::time::timeout(OPEN_TIMEOUT, opened).await {
