@@ -8,14 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-ensure_build_deps
-cargo build --release --workspace --all-targets
-
-bench_setup
+bench_prepare
 C2DSEND="$CARGO_TARGET_DIR/release/c2dsend"
-"$FERROHUB_BIN" serve --data-dir "$WORK/hub" --https-addr 127.0.0.1:18443 --mqtt-addr 127.0.0.1:18883 --amqp-addr 127.0.0.1:18671 >"$WORK/hub.out" 2>"$WORK/hub.err" &
-for _ in $(seq 1 100); do grep -q "listening https" "$WORK/hub.out" 2>/dev/null && break; sleep 0.2; done
-OWNER="$(grep -m1 'SharedAccessKeyName=iothubowner' "$WORK/hub.out")"
+bench_start_hub 18443 18883 18671
 
 REPEAT="${REPEAT:-3}"
 MESSAGES="${MESSAGES:-20000}"

@@ -8,10 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-ensure_build_deps
-cargo build --release --workspace --all-targets
-
-bench_setup
+bench_prepare
 REPEAT="${REPEAT:-3}"
 DEVICES="${DEVICES:-100}"
 PER="${PER:-200}"

@@ -50,6 +50,22 @@ ensure_node_env() {
     fi
 }
 
+# For the benchmark scripts: builds everything (one cargo invocation shape), then bench_setup.
+bench_prepare() {
+    ensure_build_deps
+    cargo build --release --workspace --all-targets
+    bench_setup
+}
+
+# Starts a hub in $WORK/hub on HTTPS, MQTT and AMQP ports $1 $2 $3 (loopback) and waits until it
+# listens; its first-start banner (connection strings) is in $WORK/hub.out.
+bench_start_hub() {
+    "$FERROHUB_BIN" serve --data-dir "$WORK/hub" --https-addr "127.0.0.1:$1" --mqtt-addr "127.0.0.1:$2" \
+        --amqp-addr "127.0.0.1:$3" >"$WORK/hub.out" 2>"$WORK/hub.err" &
+    for _ in $(seq 1 100); do grep -q "listening https" "$WORK/hub.out" 2>/dev/null && break; sleep 0.2; done
+    OWNER="$(grep -m1 'SharedAccessKeyName=iothubowner' "$WORK/hub.out")"
+}
+
 # For the benchmark scripts: results directory $OUT, a scratch $WORK removed (with every
 # background job killed) on exit, and the load generator's path in $LOADGEN.
 bench_setup() {

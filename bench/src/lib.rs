@@ -1,10 +1,12 @@
-//! ferrohub load generation: a small MQTT 3.1.1 client over TLS ([`client`]), one small
+//! ferrohub load generation: a small MQTT 3.1.1 client over TLS ([`client`]), AMQP connections
+//! over TLS ([`amqp`]), one small
 //! HTTP/1.1 client for the REST API ([`http`]), device registration through it ([`registry`]),
 //! and latency statistics. The `loadgen` binary drives them; criterion benches
 //! live in `benches/`.
 //!
 //! Every run is bounded: a fixed number of messages per device and an overall time limit.
 
+pub mod amqp;
 pub mod client;
 pub mod http;
 pub mod registry;

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use ferrohub_engine::Store;
 use ferrohub_server::config::{Config, DurabilitySetting};
-use ferrohub_server::node::{self, db_path, policy_connection_string};
+use ferrohub_server::node::{
+    self, db_path, event_hubs_connection_string, policy_connection_string,
+};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -70,6 +72,10 @@ enum Command {
         /// Module id (with --device).
         #[arg(long, requires = "device")]
         module: Option<String>,
+        /// Print the policy's connection string for the built-in endpoint's Event Hubs form
+        /// (`Endpoint=sb://...;EntityPath={hub name}`), for Event Hubs clients.
+        #[arg(long, conflicts_with = "device")]
+        event_hubs: bool,
     },
 }
 
@@ -114,7 +120,8 @@ fn main() -> ExitCode {
             policy,
             device,
             module,
-        } => connection_string(data_dir, policy, device, module),
+            event_hubs,
+        } => connection_string(data_dir, policy, device, module, event_hubs),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -193,6 +200,7 @@ fn connection_string(
     policy: Option<String>,
     device: Option<String>,
     module: Option<String>,
+    event_hubs: bool,
 ) -> anyhow::Result<()> {
     // Read-only, so it works while a node is serving the same directory.
     let store = Store::open_read_only(&db_path(&data_dir))?;
@@ -202,8 +210,12 @@ fn connection_string(
     let line = match device {
         None => {
             let name = policy.unwrap_or_else(|| "iothubowner".into());
-            policy_connection_string(&hub, &name)
-                .ok_or_else(|| anyhow::anyhow!("no policy named {name:?}"))?
+            let line = if event_hubs {
+                event_hubs_connection_string(&hub, &name)
+            } else {
+                policy_connection_string(&hub, &name)
+            };
+            line.ok_or_else(|| anyhow::anyhow!("no policy named {name:?}"))?
         }
         Some(d) => {
             let identity = match &module {

@@ -60,6 +60,16 @@ pub fn policy_connection_string(hub: &HubSettings, policy: &str) -> Option<Strin
     ))
 }
 
+/// The built-in endpoint's Event Hubs-compatible connection string for one policy:
+/// `Endpoint=sb://{host}/;SharedAccessKeyName=...;SharedAccessKey=...;EntityPath={hub name}`.
+pub fn event_hubs_connection_string(hub: &HubSettings, policy: &str) -> Option<String> {
+    let p = hub.policy(policy)?;
+    Some(format!(
+        "Endpoint=sb://{}/;SharedAccessKeyName={};SharedAccessKey={};EntityPath={}",
+        hub.host_name, p.name, p.primary_key, hub.hub_name
+    ))
+}
+
 /// The stored hub settings, initialising the hub (policies with new keys) on first start.
 /// Returns the settings and whether this call initialised the hub.
 ///
@@ -164,6 +174,7 @@ impl Services {
             clock,
             connections: Connections::new(),
             d2c: Arc::new(D2cNotify::new(next_sequences)),
+            readers: hub::PartitionReaders::default(),
             methods: Arc::default(),
             c2d: hub::c2d::C2d::new(config.c2d.queue_settings()),
             routing: Arc::new(routing),
@@ -234,6 +245,10 @@ pub async fn serve(
             if let Some(cs) = policy_connection_string(&hub, &p.name) {
                 println!("{cs}");
             }
+        }
+        // Event Hubs clients read the built-in endpoint with ServiceConnect.
+        if let Some(cs) = event_hubs_connection_string(&hub, "service") {
+            println!("Event Hubs-compatible endpoint: {cs}");
         }
     }
     let paths = TlsPaths::new(data_dir);

@@ -19,13 +19,11 @@ use fe2o3_amqp::link::{Receiver, Sender};
 use fe2o3_amqp::sasl_profile::SaslProfile;
 use fe2o3_amqp::types::messaging::{ApplicationProperties, Body, Message, Outcome, Properties};
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
-use fe2o3_amqp::{Connection, Session};
+use fe2o3_amqp::Session;
 use ferrohub_bench::http::HttpsConnection;
 use ferrohub_bench::{client, registry, stats};
 use ferrohub_server::auth::sas;
-use rustls::pki_types::ServerName;
 use serde::Serialize;
-use tokio::net::TcpStream;
 
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -116,17 +114,14 @@ async fn amqp_connection(load: Load) -> anyhow::Result<(Vec<u64>, usize)> {
         work,
         body,
     } = load;
-    let tcp = TcpStream::connect((args.host.as_str(), args.amqp_port)).await?;
-    tcp.set_nodelay(true)?;
-    let stream = tls
-        .connect(ServerName::try_from(args.host.clone())?, tcp)
-        .await?;
-    let mut connection = Connection::builder()
-        .container_id("c2dsend")
-        .hostname(args.host.as_str())
-        .sasl_profile(SaslProfile::Anonymous)
-        .open_with_stream(stream)
-        .await?;
+    let mut connection = ferrohub_bench::amqp::open(
+        &tls,
+        &args.host,
+        args.amqp_port,
+        "c2dsend",
+        SaslProfile::Anonymous,
+    )
+    .await?;
     let mut session = Session::begin(&mut connection).await?;
     let mut cbs_tx = Sender::attach(&mut session, "cbs-sender", "$cbs").await?;
     let mut cbs_rx = Receiver::attach(&mut session, "cbs-receiver", "$cbs").await?;

@@ -4,6 +4,38 @@ use fe2o3_amqp::types::definitions::Role;
 use fe2o3_amqp::types::messaging::TargetArchetype;
 use fe2o3_amqp::types::performatives::Attach;
 
+/// A partition of an Event Hubs entity as a receiver names it; `entity` is the hub's name
+/// (or IoT Hub's `messages/events`) for the built-in endpoint, or a custom endpoint's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionAddress {
+    pub entity: String,
+    pub group: String,
+    pub partition: String,
+}
+
+impl PartitionAddress {
+    /// `{entity}/ConsumerGroups/{group}/Partitions/{partition}`, the literal segments in any
+    /// case.
+    fn parse(path: &str) -> Option<PartitionAddress> {
+        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let at = segments
+            .iter()
+            .position(|s| s.eq_ignore_ascii_case("consumergroups"))?;
+        match &segments[at..] {
+            [_, group, partitions, partition]
+                if at > 0 && partitions.eq_ignore_ascii_case("partitions") =>
+            {
+                Some(PartitionAddress {
+                    entity: segments[..at].join("/"),
+                    group: (*group).to_string(),
+                    partition: (*partition).to_string(),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
 /// A node of the service endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Node {
@@ -15,6 +47,10 @@ pub enum Node {
     Feedback,
     /// `/messages/serviceBound/filenotifications`: file upload notifications.
     FileNotifications,
+    /// `$management`: Event Hubs' entity and partition properties.
+    Management,
+    /// `{entity}/ConsumerGroups/{group}/Partitions/{partition}`: an Event Hubs receiver.
+    Partition(PartitionAddress),
     /// Anything else, as named.
     Unknown(String),
 }
@@ -39,8 +75,13 @@ impl Node {
             Some((_, rest)) => rest.find('/').map_or("", |i| &rest[i..]),
             None => address.as_str(),
         };
-        let path = path.trim_end_matches('/').to_ascii_lowercase();
+        let path = path.trim_end_matches('/');
+        if let Some(partition) = PartitionAddress::parse(path) {
+            return Node::Partition(partition);
+        }
+        let path = path.to_ascii_lowercase();
         match path.as_str() {
+            "$management" | "/$management" => Node::Management,
             "$cbs" | "/$cbs" => Node::Cbs,
             "/messages/devicebound" | "messages/devicebound" => Node::DeviceBound,
             "/messages/servicebound/feedback" | "messages/servicebound/feedback" => Node::Feedback,
@@ -48,5 +89,45 @@ impl Node {
             | "messages/servicebound/filenotifications" => Node::FileNotifications,
             _ => Node::Unknown(address),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_addresses_absolute_or_relative() {
+        let want = |entity: &str, group: &str, partition: &str| {
+            Some(PartitionAddress {
+                entity: entity.into(),
+                group: group.into(),
+                partition: partition.into(),
+            })
+        };
+        assert_eq!(
+            PartitionAddress::parse("/ferrohub/ConsumerGroups/$Default/Partitions/3"),
+            want("ferrohub", "$Default", "3")
+        );
+        assert_eq!(
+            PartitionAddress::parse("ferrohub/consumergroups/g1/partitions/0"),
+            want("ferrohub", "g1", "0")
+        );
+        assert_eq!(
+            PartitionAddress::parse("/messages/events/ConsumerGroups/$Default/Partitions/1"),
+            want("messages/events", "$Default", "1")
+        );
+        assert_eq!(
+            PartitionAddress::parse("/ConsumerGroups/g/Partitions/1"),
+            None
+        );
+        assert_eq!(
+            PartitionAddress::parse("/hub/ConsumerGroups/g/Partitions"),
+            None
+        );
+        assert_eq!(
+            PartitionAddress::parse("/hub/ConsumerGroups/g/Partitions/1/x"),
+            None
+        );
     }
 }

@@ -5,20 +5,23 @@ use std::time::Duration;
 
 use fe2o3_amqp::acceptor::{
     ConnectionAcceptor, LinkAcceptor, LinkEndpoint, ListenerSessionHandle, SessionAcceptor,
-    SupportedReceiverSettleModes,
+    SupportedReceiverSettleModes, SupportedSenderSettleModes,
 };
 use fe2o3_amqp::connection::OpenError;
-use fe2o3_amqp::types::definitions::ReceiverSettleMode;
+use fe2o3_amqp::types::definitions::{ReceiverSettleMode, SenderSettleMode};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::address::Node;
-use super::cbs::{self, CbsReplies};
+use super::cbs;
 use super::claims::Claims;
+use super::full_fields::FullFields;
 use super::header::{read_header, Opening};
+use super::partition_link::{self, PartitionRequest};
+use super::replies::Replies;
 use super::sasl::HubSasl;
-use super::{c2d_send, errors, feedback};
+use super::{c2d_send, errors, feedback, management};
 use crate::auth::Permission;
 use crate::hub::HubContext;
 
@@ -26,6 +29,9 @@ use crate::hub::HubContext;
 const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest frame either side may send (the SDKs ask for 65,536).
 const MAX_FRAME: u32 = 65_536;
+/// A connection that sends nothing (not even an empty frame) for this long is closed; IoT
+/// Hub announces the same.
+const IDLE_TIME_OUT_MS: u32 = 240_000;
 
 /// Serves one connection on `stream` (TLS or WebSocket already done) until the client closes
 /// it or the node shuts down.
@@ -34,11 +40,13 @@ where
     Io: AsyncRead + AsyncWrite + std::fmt::Debug + Send + Unpin + 'static,
 {
     let claims = Claims::default();
+    let stream = FullFields::new(stream);
     let opened = async {
         let (opening, stream) = read_header(stream).await.map_err(OpenError::Io)?;
         let acceptor = ConnectionAcceptor::builder()
             .container_id(ctx.settings.hub_name.clone())
-            .max_frame_size(MAX_FRAME);
+            .max_frame_size(MAX_FRAME)
+            .idle_time_out(IDLE_TIME_OUT_MS);
         match opening {
             Opening::Sasl => {
                 acceptor
@@ -100,15 +108,28 @@ async fn serve_session(mut session: ListenerSessionHandle, ctx: HubContext, clai
         .supported_receiver_settle_modes(SupportedReceiverSettleModes::First)
         .fallback_receiver_settle_mode(ReceiverSettleMode::First)
         .build();
-    let replies = CbsReplies::default();
+    // Event Hubs receivers get their events settled, whatever mode they ask for: readers keep
+    // their own positions and never settle (the Python SDK asks for `unsettled` and would
+    // leave every delivery open).
+    let event_links_acceptor = LinkAcceptor::builder()
+        .supported_sender_settle_modes(SupportedSenderSettleModes::Settled)
+        .fallback_sender_settle_mode(SenderSettleMode::Settled)
+        .build();
+    let cbs_replies = Replies::default();
+    let management_replies = Replies::default();
     let mut links = JoinSet::new();
     while let Some(attach) = session.next_incoming_attach().await {
         let node = Node::of(&attach);
         tracing::debug!(?node, role = ?attach.role, name = %attach.name, "AMQP attach");
-        let link = match links_acceptor
-            .accept_incoming_attach(attach, &mut session)
-            .await
-        {
+        let partition_request = match &node {
+            Node::Partition(address) => Some(PartitionRequest::of(address.clone(), &attach)),
+            _ => None,
+        };
+        let acceptor = match partition_request {
+            Some(_) => &event_links_acceptor,
+            None => &links_acceptor,
+        };
+        let link = match acceptor.accept_incoming_attach(attach, &mut session).await {
             Ok(link) => link,
             Err(e) => {
                 tracing::debug!(error = %e, "AMQP attach refused");
@@ -119,16 +140,39 @@ async fn serve_session(mut session: ListenerSessionHandle, ctx: HubContext, clai
             (Node::Cbs, LinkEndpoint::Receiver(r)) => {
                 links.spawn(cbs::serve_requests(
                     r,
-                    replies.clone(),
+                    cbs_replies.clone(),
                     ctx.clone(),
                     claims.clone(),
                 ));
             }
             (Node::Cbs, LinkEndpoint::Sender(s)) => {
-                let reply_task = replies.attach(s);
+                let reply_task = cbs_replies.attach(s);
                 links.spawn(async move {
                     let _ = reply_task.await;
                 });
+            }
+            (Node::Management, LinkEndpoint::Receiver(r)) => {
+                links.spawn(management::serve_requests(
+                    r,
+                    management_replies.clone(),
+                    ctx.clone(),
+                    claims.clone(),
+                ));
+            }
+            (Node::Management, LinkEndpoint::Sender(s)) => {
+                let reply_task = management_replies.attach(s);
+                links.spawn(async move {
+                    let _ = reply_task.await;
+                });
+            }
+            (Node::Partition(_), LinkEndpoint::Sender(s)) => {
+                let request = partition_request.expect("taken from the partition's attach");
+                links.spawn(partition_link::serve(
+                    s,
+                    request,
+                    ctx.clone(),
+                    claims.clone(),
+                ));
             }
             (Node::DeviceBound, LinkEndpoint::Receiver(r)) => {
                 match claims.check(Permission::ServiceConnect, ctx.auth.now_secs()) {

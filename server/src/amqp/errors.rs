@@ -58,6 +58,6 @@ pub fn unknown_node(address: &str) -> Error {
         AmqpError::NotFound,
         "IotHubNotFound",
         404000,
-        &format!("no AMQP node {address:?}: the service endpoint serves $cbs, /messages/devicebound, /messages/serviceBound/feedback and /messages/serviceBound/filenotifications"),
+        &format!("no AMQP node {address:?}: the service endpoint serves $cbs, /messages/devicebound, /messages/serviceBound/feedback, /messages/serviceBound/filenotifications, $management and {{entity}}/ConsumerGroups/{{group}}/Partitions/{{partition}}"),
     )
 }

@@ -73,10 +73,16 @@ pub enum AuthError {
 }
 
 /// Parses the scope out of a decoded `sr`, checking the host against ours.
+///
+/// Event Hubs clients of the built-in endpoint sign `sb://{host}/{entity}[/ConsumerGroups/..]`
+/// audiences: any such path other than a device's is the hub's scope, and which entity a link
+/// may read is decided where it attaches.
 pub fn parse_scope(resource: &str, host_name: &str) -> Result<Scope, AuthError> {
+    let event_hubs_form = resource.starts_with("sb://");
     let trimmed = resource
         .trim_start_matches("https://")
-        .trim_start_matches("amqps://");
+        .trim_start_matches("amqps://")
+        .trim_start_matches("sb://");
     let (host, path) = trimmed.split_once('/').unwrap_or((trimmed, ""));
     let host_only = match host.rsplit_once(':') {
         Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
@@ -96,6 +102,7 @@ pub fn parse_scope(resource: &str, host_name: &str) -> Result<Scope, AuthError> 
             device_id: (*d).into(),
             module_id: None,
         }),
+        [_entity, ..] if event_hubs_form => Ok(Scope::Hub),
         _ => Err(AuthError::BadResource(resource.to_string())),
     }
 }
@@ -237,6 +244,26 @@ mod tests {
         ));
         assert!(matches!(
             parse_scope("localhost/things", "localhost"),
+            Err(AuthError::BadResource(_))
+        ));
+        assert_eq!(
+            parse_scope(
+                "sb://localhost/ferrohub/ConsumerGroups/$Default",
+                "localhost"
+            )
+            .unwrap(),
+            Scope::Hub
+        );
+        assert_eq!(
+            parse_scope("sb://localhost/", "localhost").unwrap(),
+            Scope::Hub
+        );
+        assert!(matches!(
+            parse_scope("sb://other/ferrohub", "localhost"),
+            Err(AuthError::WrongHub(_))
+        ));
+        assert!(matches!(
+            parse_scope("https://localhost/ferrohub", "localhost"),
             Err(AuthError::BadResource(_))
         ));
     }

@@ -84,6 +84,10 @@ impl SasToken {
 
     /// Checks expiry against `now_secs` and the signature against any of `keys` (base64).
     ///
+    /// IoT Hub signs with the key's decoded bytes. Event Hubs and Service Bus clients sign
+    /// with the key's text as it appears in the connection string, so a token for an Event
+    /// Hubs audience (`sb://...`) may be signed either way.
+    ///
     /// # Errors
     /// [`SasError::Expired`] or [`SasError::BadSignature`].
     pub fn verify<'k>(
@@ -95,13 +99,17 @@ impl SasToken {
             return Err(SasError::Expired);
         }
         let message = format!("{}\n{}", self.resource_raw, self.expiry_raw);
+        let event_hubs = self.resource.starts_with("sb://");
+        let signed_with = |key: &[u8]| {
+            Hmac::<Sha256>::new_from_slice(key).is_ok_and(|mut mac| {
+                mac.update(message.as_bytes());
+                mac.verify_slice(&self.signature).is_ok()
+            })
+        };
         for key in keys {
-            let Ok(key) = B64.decode(key) else { continue };
-            let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&key) else {
-                continue;
-            };
-            mac.update(message.as_bytes());
-            if mac.verify_slice(&self.signature).is_ok() {
+            if B64.decode(key).is_ok_and(|k| signed_with(&k))
+                || (event_hubs && signed_with(key.as_bytes()))
+            {
                 return Ok(());
             }
         }
@@ -162,6 +170,38 @@ mod tests {
         assert_eq!(parsed.resource, "localhost:8443");
         assert_eq!(parsed.key_name.as_deref(), Some("iothubowner"));
         assert!(parsed.verify(10, [KEY]).is_ok());
+    }
+
+    #[test]
+    fn event_hubs_audiences_may_be_signed_with_the_key_text() {
+        let token_signed_with = |sr: &str, key: &[u8]| {
+            let raw = percent_encoding::utf8_percent_encode(sr, percent_encoding::NON_ALPHANUMERIC)
+                .to_string();
+            let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
+            mac.update(format!("{raw}\n5000").as_bytes());
+            let sig = percent_encoding::utf8_percent_encode(
+                &B64.encode(mac.finalize().into_bytes()),
+                percent_encoding::NON_ALPHANUMERIC,
+            )
+            .to_string();
+            SasToken::parse(&format!(
+                "SharedAccessSignature sr={raw}&sig={sig}&se=5000&skn=service"
+            ))
+            .unwrap()
+        };
+        // As the Event Hubs SDKs sign: HMAC keyed by the key's text.
+        let eh = token_signed_with("sb://localhost/ferrohub", KEY.as_bytes());
+        assert!(eh.verify(10, [KEY]).is_ok());
+        // The IoT Hub way still works for that audience.
+        let decoded = B64.decode(KEY).unwrap();
+        assert!(token_signed_with("sb://localhost/ferrohub", &decoded)
+            .verify(10, [KEY])
+            .is_ok());
+        // The key's text is no key for IoT Hub audiences.
+        assert_eq!(
+            token_signed_with("localhost", KEY.as_bytes()).verify(10, [KEY]),
+            Err(SasError::BadSignature)
+        );
     }
 
     #[test]

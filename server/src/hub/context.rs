@@ -14,6 +14,7 @@ use super::append_lane::{AppendLane, Message};
 use super::authenticator::Authenticator;
 use super::connections::Connections;
 use super::d2c_notify::D2cNotify;
+use super::partition_readers::PartitionReaders;
 use super::store_handle::StoreHandle;
 use super::{c2d, methods, routes};
 use crate::clock::{iso7, Clock};
@@ -28,6 +29,7 @@ pub struct HubContext {
     pub auth: Authenticator,
     pub connections: Arc<Connections>,
     pub d2c: Arc<D2cNotify>,
+    pub readers: PartitionReaders,
     pub methods: Arc<methods::PendingCalls>,
     pub c2d: Arc<c2d::C2d>,
     pub routing: Arc<crate::routing::Router>,

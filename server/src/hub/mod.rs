@@ -8,6 +8,7 @@
 //! - [`context`]: [`HubContext`], what every protocol handler gets.
 //! - [`c2d`] and [`c2d_sweeper`]: C2D settings and alarms, and the two deadline tasks.
 //! - [`d2c_notify`]: wake-ups of D2C readers.
+//! - [`partition_readers`]: who reads which partition, with owner levels (epochs).
 //! - [`routes`] and [`event_router`]: the routing table's storage side, and the task that
 //!   routes non-telemetry events.
 //! - [`retention`]: the D2C retention pass.
@@ -25,6 +26,7 @@ pub mod context;
 pub mod d2c_notify;
 pub mod event_router;
 pub mod methods;
+pub mod partition_readers;
 pub mod retention;
 pub mod routes;
 pub mod store_handle;
@@ -34,4 +36,5 @@ pub use authenticator::{AuthFailure, Authenticator, DeviceAuth, ServiceClaim};
 pub use connections::Connections;
 pub use context::HubContext;
 pub use d2c_notify::D2cNotify;
+pub use partition_readers::PartitionReaders;
 pub use store_handle::StoreHandle;

@@ -1,0 +1,192 @@
+//! Who reads each partition in each consumer group, with Event Hubs' owner-level (epoch)
+//! rules, so that a reader taking over a partition pushes the previous one off.
+//!
+//! # Invariants
+//! - Per (partition, group), either any number of plain readers (at most
+//!   [`MAX_PLAIN_READERS`]) or owner-level readers only, never both.
+//! - A new owner-level reader with level `e` is admitted when every owner-level reader there
+//!   has a level `<= e`; those, and every plain reader, are pushed off (their [`Lease`]'s
+//!   `lost` completes with the reason). A lower level, or a plain reader while an owner is
+//!   present, is refused and pushes no one off.
+//! - A lease removes its reader when dropped.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+/// Event Hubs' limit of concurrent readers per partition and consumer group without owner level.
+pub const MAX_PLAIN_READERS: usize = 5;
+
+/// Why a reader may not read (or read any longer).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReaderRefusal {
+    /// Another reader with a higher (or, for the one pushed off, equal or higher) owner level
+    /// holds the partition.
+    #[error("{0}")]
+    Stolen(String),
+    /// Too many plain readers.
+    #[error("at most {MAX_PLAIN_READERS} readers without owner level may read partition {partition} of consumer group {group}")]
+    TooManyReaders { partition: String, group: String },
+}
+
+#[derive(Default)]
+struct Readers {
+    next_id: u64,
+    /// (reader id, owner level, where to tell it that it lost the partition)
+    held: Vec<(u64, Option<i64>, watch::Sender<Option<ReaderRefusal>>)>,
+}
+
+/// The hub's registry of partition readers; one per hub, shared by every connection.
+#[derive(Clone, Default)]
+pub struct PartitionReaders(Arc<Mutex<HashMap<(u16, String), Readers>>>);
+
+/// One admitted reader. Dropping it leaves the partition.
+pub struct Lease {
+    registry: PartitionReaders,
+    key: (u16, String),
+    id: u64,
+    lost: watch::Receiver<Option<ReaderRefusal>>,
+}
+
+impl Lease {
+    /// Completes when a reader with a higher or equal owner level has taken the partition.
+    pub async fn lost(&mut self) -> ReaderRefusal {
+        let reason = match self.lost.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone(),
+            Err(_) => None,
+        };
+        match reason {
+            Some(reason) => reason,
+            // The sender lives in the registry until this lease is dropped.
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut all = self.registry.0.lock();
+        if let Some(readers) = all.get_mut(&self.key) {
+            readers.held.retain(|(id, _, _)| *id != self.id);
+            if readers.held.is_empty() {
+                all.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl PartitionReaders {
+    /// Admits a reader of global partition `partition` in `group`; `shown` names the partition
+    /// and group in refusals as the client knows them.
+    ///
+    /// # Errors
+    /// [`ReaderRefusal`] when an owner with a higher level (or, for a plain reader, any owner)
+    /// holds the partition, or when the plain readers are at their limit.
+    pub fn admit(
+        &self,
+        partition: u16,
+        group: &str,
+        owner_level: Option<i64>,
+        shown: &str,
+    ) -> Result<Lease, ReaderRefusal> {
+        let key = (partition, group.to_ascii_lowercase());
+        let mut all = self.0.lock();
+        let readers = all.entry(key.clone()).or_default();
+        let top = readers.held.iter().filter_map(|(_, level, _)| *level).max();
+        match (owner_level, top) {
+            (None, Some(top)) => {
+                return Err(ReaderRefusal::Stolen(format!(
+                    "a receiver with owner level {top} holds {shown}; a receiver without owner level cannot be created"
+                )))
+            }
+            (None, None) if readers.held.len() >= MAX_PLAIN_READERS => {
+                return Err(ReaderRefusal::TooManyReaders {
+                    partition: shown.to_string(),
+                    group: group.to_string(),
+                })
+            }
+            (Some(level), Some(top)) if level < top => {
+                return Err(ReaderRefusal::Stolen(format!(
+                    "a receiver with a higher owner level {top} holds {shown}; a receiver with owner level {level} cannot be created"
+                )))
+            }
+            (Some(level), _) => {
+                let reason = ReaderRefusal::Stolen(format!(
+                    "a new receiver with owner level {level} took {shown}; this receiver is disconnected"
+                ));
+                for (_, _, tx) in readers.held.drain(..) {
+                    tx.send_replace(Some(reason.clone()));
+                }
+            }
+            (None, None) => {}
+        }
+        readers.next_id += 1;
+        let id = readers.next_id;
+        let (tx, lost) = watch::channel(None);
+        readers.held.push((id, owner_level, tx));
+        drop(all);
+        Ok(Lease {
+            registry: self.clone(),
+            key,
+            id,
+            lost,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_lost(lease: &Lease) -> bool {
+        lease.lost.borrow().is_some()
+    }
+
+    #[test]
+    fn a_higher_owner_level_pushes_off_lower_and_plain_readers() {
+        let readers = PartitionReaders::default();
+        let plain = readers.admit(0, "$Default", None, "p0").unwrap();
+        let low = readers.admit(0, "$Default", Some(1), "p0").unwrap();
+        assert!(is_lost(&plain));
+        assert!(!is_lost(&low));
+        let high = readers.admit(0, "$default", Some(5), "p0").unwrap();
+        assert!(is_lost(&low));
+        assert!(!is_lost(&high));
+        // Lower level and plain readers are refused while the owner holds it.
+        assert!(matches!(
+            readers.admit(0, "$Default", Some(4), "p0"),
+            Err(ReaderRefusal::Stolen(_))
+        ));
+        assert!(matches!(
+            readers.admit(0, "$Default", None, "p0"),
+            Err(ReaderRefusal::Stolen(_))
+        ));
+        assert!(!is_lost(&high));
+        // Other partitions and groups are separate.
+        assert!(readers.admit(1, "$Default", None, "p1").is_ok());
+        assert!(readers.admit(0, "other", None, "p0").is_ok());
+        // Equal level takes over (Event Hubs: e1 <= e2 disconnects e1).
+        let same = readers.admit(0, "$Default", Some(5), "p0").unwrap();
+        assert!(is_lost(&high));
+        drop((plain, low, high));
+        drop(same);
+        assert!(readers.admit(0, "$Default", None, "p0").is_ok());
+    }
+
+    #[test]
+    fn plain_readers_are_limited_and_leave_when_dropped() {
+        let readers = PartitionReaders::default();
+        let held: Vec<Lease> = (0..MAX_PLAIN_READERS)
+            .map(|_| readers.admit(2, "g", None, "p2").unwrap())
+            .collect();
+        assert!(matches!(
+            readers.admit(2, "g", None, "p2"),
+            Err(ReaderRefusal::TooManyReaders { .. })
+        ));
+        drop(held);
+        assert!(readers.admit(2, "g", None, "p2").is_ok());
+        assert!(readers.0.lock().is_empty());
+    }
+}
