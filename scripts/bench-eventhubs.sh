@@ -2,7 +2,8 @@
 # Built-in endpoint read benchmark (AMQ-4): an Event Hubs-style AMQP reader (one connection, one
 # receiver link per partition, prefetch 300) against the HTTPS long-poll read API, reading all
 # four partitions and one partition, while 100 devices publish 200 QoS 1 messages each over
-# MQTT/TLS (10 in flight per device, 256-byte bodies). Reports events/s read and the latency
+# MQTT/TLS (10 in flight per device, 256-byte bodies: as fast as the hub takes them), and a
+# light load (10 devices, 300 messages each, 1 in flight) for latency below saturation. Reports events/s read and the latency
 # from a device's PUBACK to the reader's receipt. Results: JSON per run in $OUT (default
 # ./bench-results), medians on stdout. Bounded: fixed counts and a time limit per run. Not part
 # of the test suite.
@@ -18,9 +19,11 @@ REPEAT="${REPEAT:-3}"
 DEVICES="${DEVICES:-100}"
 MESSAGES="${MESSAGES:-200}"
 for rep in $(seq 1 "$REPEAT"); do
-    for case in "amqp all 0,1,2,3" "https all 0,1,2,3" "amqp one 0" "https one 0"; do
+    for case in "amqp all 0,1,2,3 $DEVICES $MESSAGES 10" "https all 0,1,2,3 $DEVICES $MESSAGES 10" \
+        "amqp one 0 $DEVICES $MESSAGES 10" "https one 0 $DEVICES $MESSAGES 10" \
+        "amqp light 0,1,2,3 10 300 1" "https light 0,1,2,3 10 300 1"; do
         set -- $case
-        "$EHREAD" --reader "$1" --partitions "$3" --devices "$DEVICES" --messages "$MESSAGES" \
+        "$EHREAD" --reader "$1" --partitions "$3" --devices "$4" --messages "$5" --inflight "$6" \
             --host localhost --mqtt-port 19883 --https-port 19443 --amqp-port 19671 --ca "$WORK/hub/tls/ca.pem" \
             --owner "$OWNER" --service-key "$SERVICE_KEY" --prefix "r$rep-$1-$2-" --time-limit 300 \
             >"$OUT/eh-$1-$2-$rep.json"
@@ -30,9 +33,9 @@ done
 python3 - "$OUT" "$REPEAT" "$DEVICES" "$MESSAGES" <<'PY'
 import json, statistics, sys
 out, reps, devices, messages = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-print(f"medians of {reps} runs ({devices} devices x {messages} QoS 1 messages, read while published)")
+print(f"medians of {reps} runs ({devices} devices x {messages} QoS 1 messages, read while published; light: 10 x 300, 1 in flight)")
 print(f"{'reader':<7} {'parts':<5} {'events':>7} {'read ev/s':>10} {'PUBACK->rx p50':>15} {'p99 ms':>8} {'publish->rx p50':>16} {'p99 ms':>8}  runs ev/s")
-for scope in ("all", "one"):
+for scope in ("all", "one", "light"):
     for reader in ("amqp", "https"):
         runs = [json.load(open(f"{out}/eh-{reader}-{scope}-{r}.json")) for r in range(1, reps + 1)]
         med = lambda f: statistics.median(f(r) for r in runs)

@@ -180,13 +180,23 @@ async fn amqp_readers(
         let mut receiver = Receiver::builder()
             .name(format!("ehread-{p}"))
             .source(source)
-            .credit_mode(CreditMode::Auto(args.prefetch))
+            .credit_mode(CreditMode::Manual)
             .attach(&mut session)
             .await?;
         let received = Arc::clone(&received);
+        let prefetch = args.prefetch;
         links.push(tokio::spawn(async move {
+            // As the Event Hubs SDKs do with settled deliveries: top the credit back up to the
+            // prefetch count whenever half of it has been used.
+            receiver.set_credit(prefetch).await?;
+            let mut used = 0;
             loop {
                 let delivery = receiver.recv::<Body<Value>>().await?;
+                used += 1;
+                if used >= prefetch / 2 {
+                    receiver.set_credit(prefetch).await?;
+                    used = 0;
+                }
                 let at = Instant::now();
                 if let Body::Data(sections) = delivery.body() {
                     if let Some((d, n)) = sections.iter().next().and_then(|s| parse_body(&s.0)) {

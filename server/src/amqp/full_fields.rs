@@ -41,11 +41,12 @@ fn full_count(frame_type: u8, code: u64) -> Option<usize> {
     }
 }
 
-const FALSE: &[u8] = &[0x42];
 const UINT_MAX: &[u8] = &[0x70, 0xff, 0xff, 0xff, 0xff];
 
-/// The encoded default of a field that has one in the specification. A reader that does not
-/// apply defaults (pyamqp compares `handle-max` as a number) must see it, not `null`.
+/// The encoded default of a field that has one in the specification, where a reader that
+/// does not apply defaults would misread `null`: pyamqp compares `max-frame-size` and
+/// `handle-max` as numbers and keeps the settle modes as given. Boolean defaults are left null,
+/// which Python reads as false, so transfers pass unchanged once they carry all their fields.
 fn default_of(frame_type: u8, code: u64, field: usize) -> Option<&'static [u8]> {
     if frame_type != 0 {
         return None;
@@ -56,11 +57,6 @@ fn default_of(frame_type: u8, code: u64, field: usize) -> Option<&'static [u8]> 
         (0x11, 4) => Some(UINT_MAX),            // begin.handle-max
         (0x12, 3) => Some(&[0x50, 0x02]),       // attach.snd-settle-mode: mixed
         (0x12, 4) => Some(&[0x50, 0x00]),       // attach.rcv-settle-mode: first
-        (0x12, 8) => Some(FALSE),               // attach.incomplete-unsettled
-        (0x13, 8 | 9) => Some(FALSE),           // flow.drain, flow.echo
-        (0x14, 5 | 8 | 9 | 10) => Some(FALSE),  // transfer.more, resume, aborted, batchable
-        (0x15, 3 | 5) => Some(FALSE),           // disposition.settled, batchable
-        (0x16, 1) => Some(FALSE),               // detach.closed
         _ => None,
     }
 }
@@ -105,17 +101,16 @@ fn split_fields(mut fields: &[u8], count: usize) -> Option<Vec<&[u8]>> {
 }
 
 /// The frame with its performative's list written in full: missing trailing fields added,
-/// and fields with a specified default written with it where they were left null. Unchanged
-/// if nothing is missing, or if it is not a performative this module knows.
-fn pad_frame(frame: &[u8]) -> Vec<u8> {
-    let unchanged = || frame.to_vec();
+/// and fields with a specified default written with it where they were left null. `None`
+/// when nothing is missing, or when it is not a performative this module knows.
+fn padded(frame: &[u8]) -> Option<Vec<u8>> {
     if frame.len() < 8 {
-        return unchanged();
+        return None;
     }
     let header_len = frame[4] as usize * 4;
     let frame_type = frame[5];
     if header_len < 8 || frame.len() < header_len + 4 {
-        return unchanged();
+        return None;
     }
     let body = &frame[header_len..];
     // Described: 0x00, then the code as smallulong (0x53) or ulong (0x80).
@@ -125,10 +120,10 @@ fn pad_frame(frame: &[u8]) -> Vec<u8> {
             u64::from_be_bytes(rest[..8].try_into().expect("8 bytes")),
             &rest[8..],
         ),
-        _ => return unchanged(),
+        _ => return None,
     };
     let Some(full) = full_count(frame_type, code) else {
-        return unchanged();
+        return None;
     };
     let (count, fields, rest) = match list {
         [0x45, rest @ ..] => (0, &[][..], rest),
@@ -140,14 +135,14 @@ fn pad_frame(frame: &[u8]) -> Vec<u8> {
             let size = u32::from_be_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
             let count = u32::from_be_bytes(rest[4..8].try_into().expect("4 bytes")) as usize;
             if size < 4 || rest.len() < 4 + size {
-                return unchanged();
+                return None;
             }
             (count, &rest[8..4 + size], &rest[4 + size..])
         }
-        _ => return unchanged(),
+        _ => return None,
     };
     let Some(present) = split_fields(fields, count) else {
-        return unchanged();
+        return None;
     };
     let mut changed = count < full;
     let mut written: Vec<&[u8]> = Vec::with_capacity(full.max(count));
@@ -162,7 +157,7 @@ fn pad_frame(frame: &[u8]) -> Vec<u8> {
         }
     }
     if !changed {
-        return unchanged();
+        return None;
     }
     let list_len: usize = written.iter().map(|f| f.len()).sum();
     let mut out = Vec::with_capacity(header_len + list_len + rest.len() + 16);
@@ -178,7 +173,12 @@ fn pad_frame(frame: &[u8]) -> Vec<u8> {
     out.extend_from_slice(rest);
     let total = out.len() as u32;
     out[..4].copy_from_slice(&total.to_be_bytes());
-    out
+    Some(out)
+}
+
+#[cfg(test)]
+fn pad_frame(frame: &[u8]) -> Vec<u8> {
+    padded(frame).unwrap_or_else(|| frame.to_vec())
 }
 
 /// Moves every complete protocol header and frame from `pending` to `out`, padded.
@@ -204,7 +204,10 @@ fn rewrite(pending: &mut Vec<u8>, out: &mut Vec<u8>) {
         if rest.len() < size {
             break;
         }
-        out.extend_from_slice(&pad_frame(&rest[..size]));
+        match padded(&rest[..size]) {
+            Some(frame) => out.extend_from_slice(&frame),
+            None => out.extend_from_slice(&rest[..size]),
+        }
         at += size;
     }
     pending.drain(..at);
@@ -322,10 +325,9 @@ mod tests {
         assert_eq!(padded[list_start], 0xd0);
         let count = u32::from_be_bytes(padded[list_start + 5..list_start + 9].try_into().unwrap());
         assert_eq!(count, 11);
-        // handle, then delivery-id .. rcv-settle-mode null except `more` (false), state null,
-        // resume, aborted, batchable false.
+        // handle, then ten nulls.
         let fields = [
-            0x43, 0x40, 0x40, 0x40, 0x40, 0x42, 0x40, 0x40, 0x42, 0x42, 0x42,
+            0x43, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40,
         ];
         let mut want = fields.to_vec();
         want.extend_from_slice(b"payload");

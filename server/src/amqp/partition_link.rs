@@ -168,9 +168,11 @@ async fn serve_link(
         };
         position = ReadPosition::Sequence(last.sequence_number + 1);
         for event in &events {
-            // Waits for credit: the client's prefetch bounds what is in flight.
+            // Waits for credit: the client's prefetch bounds what is in flight. Batchable, so
+            // the transfer carries all its fields and goes out as written (`full_fields`);
+            // settled, so there is no outcome to wait for.
             tokio::select! {
-                sent = link.send(event_message(event)) => if let Err(e) = sent {
+                sent = link.send_batchable(event_message(event)) => if let Err(e) = sent {
                     tracing::debug!(error = %e, "Event Hubs receiver link ended");
                     return Ok(());
                 },
