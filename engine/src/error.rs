@@ -52,6 +52,8 @@ pub enum OpenError {
     Storage(#[from] StorageError),
     #[error("cannot use data directory {path}: {reason}")]
     Directory { path: String, reason: String },
+    #[error("the database in {path} is in use by another process (a running hub?): {reason}")]
+    InUse { path: String, reason: String },
 }
 
 /// Input the registry refuses; each maps to an IoT Hub 400 error.

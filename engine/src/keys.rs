@@ -46,6 +46,8 @@ pub mod meta {
     pub const HUB_SETTINGS: &[u8] = b"hub_settings";
     /// Registered certificate authorities: `ca/{name}`.
     pub const CA_PREFIX: &[u8] = b"ca/";
+    /// Import/export jobs: `job/{id}`.
+    pub const JOB_PREFIX: &[u8] = b"job/";
 }
 
 #[cfg(test)]

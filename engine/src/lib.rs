@@ -6,6 +6,8 @@
 //! - `keys` (private): every stored key, built in one place.
 //! - [`model`]: identity records and their validation rules.
 //! - [`identity`]: the device and module registry.
+//! - [`archive`]: identities with their twins as whole records, for export and restore.
+//! - [`jobs`]: import/export job records.
 //! - [`hub`]: hub settings and shared access policies.
 //! - [`c2d`]: cloud-to-device queues, locks, expiry, dead letters and feedback.
 //! - [`endpoints`]: custom endpoints (more partitioned streams) and the routed append.
@@ -36,12 +38,14 @@
 //! assert_eq!(store.get_device("dev1").unwrap().etag, dev.etag);
 //! ```
 
+pub mod archive;
 pub mod c2d;
 pub mod d2c;
 pub mod endpoints;
 pub mod error;
 pub mod hub;
 pub mod identity;
+pub mod jobs;
 mod keys;
 pub mod model;
 pub mod notifications;
@@ -111,6 +115,8 @@ pub struct Store {
     feedback_sequence: std::sync::atomic::AtomicU64,
     /// Serialises changes of the feedback queue.
     feedback_lock: Mutex<()>,
+    /// Serialises job creation and changes (see `jobs`).
+    job_lock: jobs::JobLock,
     commit_queue_depth: usize,
 }
 
@@ -214,6 +220,7 @@ impl Store {
             hub_lock: Mutex::new(()),
             feedback_sequence,
             feedback_lock: Mutex::new(()),
+            job_lock: jobs::JobLock::default(),
             notification_hook: Default::default(),
             commit_queue_depth,
         })
@@ -221,6 +228,15 @@ impl Store {
 
     /// How many batches may wait for the committer before a submit blocks its thread. Async
     /// callers admit at most this many writes at once, so they wait without blocking one.
+    /// A consistent copy of the whole database in `dir` (a full backup: queues and partitions
+    /// included); `dir` must not exist. Open it with [`Store::open`] like any database.
+    ///
+    /// # Errors
+    /// Storage errors (an existing `dir` included).
+    pub fn checkpoint(&self, dir: &Path) -> Result<(), StorageError> {
+        self.raw.checkpoint(dir)
+    }
+
     pub fn commit_queue_depth(&self) -> usize {
         self.commit_queue_depth
     }

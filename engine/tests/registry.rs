@@ -196,6 +196,7 @@ fn bulk_applies_good_items_and_reports_bad_ones() {
         mode,
         etag: None,
         spec: IdentitySpec::default(),
+        twin: None,
     };
     let mut items: Vec<BulkItem> = (0..98)
         .map(|i| item(&format!("bulk{i}"), ImportMode::Create))

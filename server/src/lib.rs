@@ -7,7 +7,7 @@
 //!    formats out.
 //! 4. [`hub`]: shared state (connections, outbound queues, method calls, C2D deadlines), the
 //!    authenticator, the event router task, and the one seam to the engine.
-//! 5. Pure building blocks: [`routing`], [`auth`], [`telemetry`], [`c2d_message`], [`x509`],
+//! 5. Pure building blocks: [`routing`], [`auth`], [`blob`], [`telemetry`], [`c2d_message`], [`x509`],
 //!    [`clock`], [`ids`], [`config`], [`tls`].
 //! 6. The engine (`ferrohub_engine`), reached only through [`hub::StoreHandle`].
 //!
@@ -27,6 +27,7 @@
 //! - [`error_codes`]: IoT Hub's status, error name and number for each engine error (REST, MQTT).
 //! - [`routing`]: routes, conditions, enrichments and event shapes (pure).
 //! - [`auth`]: SAS tokens, scopes and permissions.
+//! - [`blob`]: blob containers (local directories, Azure Blob Storage) and the upload account.
 //! - [`hub`]: shared hub state, the authenticator and the async seam to the engine.
 //!
 //! # What it is not
@@ -35,6 +36,7 @@
 
 pub mod amqp;
 pub mod auth;
+pub mod blob;
 pub mod c2d_message;
 pub mod clock;
 pub mod config;

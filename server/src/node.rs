@@ -157,6 +157,8 @@ impl Services {
             handle
                 .run(move |s| {
                     hub::routes::apply_config(s, &section, now)?;
+                    // Jobs a stopped hub left running are failed now, with how far they got.
+                    crate::rest::jobs::fail_interrupted(s, now)?;
                     let router = hub::routes::load_router(s, &hub_name)?;
                     s.set_notification_hook(Box::new(move || wake.notify_one()));
                     let next: Vec<u64> = (0..ferrohub_engine::d2c::MAX_PARTITIONS)

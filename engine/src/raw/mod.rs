@@ -167,7 +167,18 @@ impl Raw {
             .iter()
             .map(|name| ColumnFamilyDescriptor::new(name, cf_options(name)))
             .collect();
-        let mut db = DB::open_cf_descriptors(&db_opts, path, descriptors).map_err(backend)?;
+        let mut db = DB::open_cf_descriptors(&db_opts, path, descriptors).map_err(|e| {
+            // RocksDB's LOCK file: another process (a running hub) has the database open.
+            let text = e.into_string();
+            if text.contains("lock") || text.contains("LOCK") {
+                OpenError::InUse {
+                    path: path.display().to_string(),
+                    reason: text,
+                }
+            } else {
+                OpenError::Storage(StorageError::Backend(text))
+            }
+        })?;
         let current = migrate::read_version(&db)?;
         let mut target = migrate::Target::new(&mut db);
         ferrohub_migrations::migrate(&mut target, current, target_version, &mut |v, name| {
@@ -331,6 +342,13 @@ impl Raw {
             .as_ref()
             .map(Committer::stats)
             .unwrap_or_default()
+    }
+
+    /// Writes a consistent copy of the database into `dir` (which must not exist): a RocksDB
+    /// checkpoint, hard-linking table files where the file system allows.
+    pub(crate) fn checkpoint(&self, dir: &Path) -> Result<(), StorageError> {
+        let cp = rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(backend)?;
+        cp.create_checkpoint(dir).map_err(backend)
     }
 
     /// Flushes memtables so the next open replays little WAL. Called on clean shutdown.

@@ -45,6 +45,8 @@ pub enum ApiError {
     C2d(#[from] ferrohub_engine::c2d::C2dError),
     #[error("{0}")]
     Routing(#[from] crate::routing::RouteError),
+    #[error("{0}")]
+    Job(#[from] ferrohub_engine::jobs::JobError),
 }
 
 impl Reject for ApiError {}
@@ -99,6 +101,14 @@ impl ApiError {
             ApiError::Hub(e) => error_codes::hub(e),
             ApiError::C2d(e) => error_codes::c2d(e),
             ApiError::Events(e) => error_codes::d2c(e),
+            ApiError::Job(e) => {
+                use ferrohub_engine::jobs::JobError as E;
+                match e {
+                    E::AnotherActive { .. } => (StatusCode::FORBIDDEN, "JobQuotaExceeded", 403003),
+                    E::NotFound(_) => (StatusCode::NOT_FOUND, "JobNotFound", 404002),
+                    E::Storage(_) => error_codes::SERVER_ERROR,
+                }
+            }
         }
     }
 

@@ -8,7 +8,7 @@ use warp::http::StatusCode;
 use warp::Filter;
 
 use super::error::ApiError;
-use super::identity_json::{BulkItemJson, DeviceJson, IdentityBody, ModuleJson};
+use super::identity_json::{self, BulkItemJson, DeviceJson, IdentityBody, ModuleJson};
 use super::reply::{json, json_with_etag, json_with_status, no_content, one_of, Handled, Response};
 use super::{caller, if_match, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
@@ -152,31 +152,6 @@ async fn delete_handler(
     Ok(no_content())
 }
 
-fn import_mode(s: Option<&str>) -> Result<ImportMode, String> {
-    Ok(match s.unwrap_or("createOrUpdate") {
-        "create" => ImportMode::Create,
-        "update" => ImportMode::Update,
-        "updateIfMatchETag" => ImportMode::UpdateIfMatchETag,
-        "createOrUpdate" => ImportMode::CreateOrUpdate,
-        "createOrUpdateIfMatchETag" => ImportMode::CreateOrUpdateIfMatchETag,
-        "delete" => ImportMode::Delete,
-        "deleteIfMatchETag" => ImportMode::DeleteIfMatchETag,
-        other => return Err(format!("importMode {other:?} is not supported")),
-    })
-}
-
-fn mode_name(m: ImportMode) -> &'static str {
-    match m {
-        ImportMode::Create => "create",
-        ImportMode::Update => "update",
-        ImportMode::UpdateIfMatchETag => "updateIfMatchETag",
-        ImportMode::CreateOrUpdate => "createOrUpdate",
-        ImportMode::CreateOrUpdateIfMatchETag => "createOrUpdateIfMatchETag",
-        ImportMode::Delete => "delete",
-        ImportMode::DeleteIfMatchETag => "deleteIfMatchETag",
-    }
-}
-
 /// `POST /devices`: 200 with `isSuccessful: true`, or 400 listing each failed item.
 async fn bulk_handler(ctx: Context, p: Principal, items: Vec<BulkItemJson>) -> Handled {
     p.require_hub(Permission::RegistryWrite)?;
@@ -191,7 +166,7 @@ async fn bulk_handler(ctx: Context, p: Principal, items: Vec<BulkItemJson>) -> H
     let mut errors = Vec::new();
     let mut valid = Vec::new();
     for item in items {
-        let parsed = import_mode(item.import_mode.as_deref())
+        let parsed = identity_json::import_mode(item.import_mode.as_deref())
             .map_err(ApiError::argument)
             .and_then(|mode| Ok((mode, item.identity.to_spec()?)));
         match parsed {
@@ -201,6 +176,7 @@ async fn bulk_handler(ctx: Context, p: Principal, items: Vec<BulkItemJson>) -> H
                 mode,
                 etag: item.etag,
                 spec,
+                twin: None,
             }),
             Err(e) => errors.push(error_json(
                 &item.id,
@@ -232,7 +208,7 @@ async fn bulk_handler(ctx: Context, p: Principal, items: Vec<BulkItemJson>) -> H
         errors.push(error_json(
             &f.device_id,
             f.module_id.as_deref(),
-            mode_name(f.mode),
+            identity_json::import_mode_name(f.mode),
             &ApiError::Registry(f.error),
         ));
     }

@@ -4,6 +4,7 @@
 //! `#[serde(default)]` as a whole), read-only fields ignored, unknown fields ignored; a field of
 //! the wrong JSON type is a 400.
 
+use ferrohub_engine::identity::ImportMode;
 use ferrohub_engine::model::{
     AuthType, ConnectionState, Identity, IdentitySpec, KeysSpec, Status, Thumbprints, UnixMillis,
 };
@@ -240,6 +241,33 @@ impl From<&Identity> for ModuleJson {
             cloud_to_device_message_count: m.cloud_to_device_message_count,
             authentication: auth_json(m),
         }
+    }
+}
+
+/// The `importMode` of a bulk item or import line (`createOrUpdate` when absent).
+pub fn import_mode(s: Option<&str>) -> Result<ImportMode, String> {
+    Ok(match s.unwrap_or("createOrUpdate") {
+        "create" => ImportMode::Create,
+        "update" => ImportMode::Update,
+        "updateIfMatchETag" => ImportMode::UpdateIfMatchETag,
+        "createOrUpdate" => ImportMode::CreateOrUpdate,
+        "createOrUpdateIfMatchETag" => ImportMode::CreateOrUpdateIfMatchETag,
+        "delete" => ImportMode::Delete,
+        "deleteIfMatchETag" => ImportMode::DeleteIfMatchETag,
+        other => return Err(format!("importMode {other:?} is not supported")),
+    })
+}
+
+/// The wire name of an import mode.
+pub fn import_mode_name(m: ImportMode) -> &'static str {
+    match m {
+        ImportMode::Create => "create",
+        ImportMode::Update => "update",
+        ImportMode::UpdateIfMatchETag => "updateIfMatchETag",
+        ImportMode::CreateOrUpdate => "createOrUpdate",
+        ImportMode::CreateOrUpdateIfMatchETag => "createOrUpdateIfMatchETag",
+        ImportMode::Delete => "delete",
+        ImportMode::DeleteIfMatchETag => "deleteIfMatchETag",
     }
 }
 

@@ -12,6 +12,7 @@ pub mod error;
 mod events;
 mod identities;
 pub mod identity_json;
+pub mod jobs;
 mod methods;
 pub mod reply;
 mod routing;
@@ -141,6 +142,7 @@ pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
         twins::routes(ctx.clone()),
         methods::routes(ctx.clone()),
         c2d::routes(ctx.clone()),
+        jobs::routes(ctx.clone()),
         routing::routes(ctx),
     ])
     .recover(error::recover)

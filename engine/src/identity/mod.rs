@@ -17,47 +17,19 @@ use std::collections::HashMap;
 use ferrohub_migrations::cf;
 use ferrohub_migrations::m0002_registry_counters::{DeviceCounters, DEVICE_COUNTERS_KEY};
 
-use crate::error::{RegistryError, StorageError, ValidationError};
+use crate::error::{RegistryError, StorageError};
 use crate::keys;
 use crate::model::{
     new_generation_id, next_etag, validate_id, ConnectionState, Identity, IdentitySpec, IfMatch,
-    Status, UnixMillis, MAX_BULK_IDENTITIES, MAX_MODULES_PER_DEVICE,
+    Status, UnixMillis, MAX_MODULES_PER_DEVICE,
 };
 use crate::notifications::{NotificationOp, PendingNotification};
 use crate::raw::Batch;
 use crate::twin::record::TwinRecord;
 use crate::Store;
 
-/// What a bulk item asks for (the `importMode` of IoT Hub).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ImportMode {
-    Create,
-    Update,
-    UpdateIfMatchETag,
-    CreateOrUpdate,
-    CreateOrUpdateIfMatchETag,
-    Delete,
-    DeleteIfMatchETag,
-}
-
-/// One item of a bulk registry request.
-#[derive(Debug, Clone)]
-pub struct BulkItem {
-    pub device_id: String,
-    pub module_id: Option<String>,
-    pub mode: ImportMode,
-    pub etag: Option<String>,
-    pub spec: IdentitySpec,
-}
-
-/// Why one bulk item was not applied.
-#[derive(Debug)]
-pub struct BulkItemError {
-    pub device_id: String,
-    pub module_id: Option<String>,
-    pub mode: ImportMode,
-    pub error: RegistryError,
-}
+mod bulk;
+pub use bulk::{BulkItem, BulkItemError, ImportMode};
 
 /// Registry statistics (`GET /statistics/devices`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -384,50 +356,6 @@ impl<'a> Txn<'a> {
         Ok(())
     }
 
-    fn apply_bulk_item(&mut self, item: &BulkItem, now: UnixMillis) -> Result<(), RegistryError> {
-        use ImportMode::*;
-        let etag_match = || match &item.etag {
-            Some(e) => Ok(IfMatch::Etag(e.clone())),
-            None => Err(RegistryError::Invalid(ValidationError::new(
-                "eTag",
-                "is required for this importMode",
-            ))),
-        };
-        let d = item.device_id.as_str();
-        // createOrUpdate modes resolve to create or update by what exists now.
-        let exists = match &item.module_id {
-            None => self.device(d)?.is_some(),
-            Some(m) => self.module(d, m)?.is_some(),
-        };
-        let mode = match (item.mode, exists) {
-            (CreateOrUpdate | CreateOrUpdateIfMatchETag, false) => Create,
-            (CreateOrUpdate, true) => Update,
-            (CreateOrUpdateIfMatchETag, true) => UpdateIfMatchETag,
-            (mode, _) => mode,
-        };
-        match (&item.module_id, mode) {
-            (None, Create) => self.create_device(d, &item.spec, now).map(drop),
-            (None, Update) => self
-                .update_device(d, &item.spec, &IfMatch::Any, now)
-                .map(drop),
-            (None, UpdateIfMatchETag) => self
-                .update_device(d, &item.spec, &etag_match()?, now)
-                .map(drop),
-            (None, Delete) => self.delete_device(d, &IfMatch::Any, now),
-            (None, DeleteIfMatchETag) => self.delete_device(d, &etag_match()?, now),
-            (Some(m), Create) => self.create_module(d, m, &item.spec, now).map(drop),
-            (Some(m), Update) => self
-                .update_module(d, m, &item.spec, &IfMatch::Any)
-                .map(drop),
-            (Some(m), UpdateIfMatchETag) => self
-                .update_module(d, m, &item.spec, &etag_match()?)
-                .map(drop),
-            (Some(m), Delete) => self.delete_module(d, m, &IfMatch::Any, now),
-            (Some(m), DeleteIfMatchETag) => self.delete_module(d, m, &etag_match()?, now),
-            (_, CreateOrUpdate | CreateOrUpdateIfMatchETag) => unreachable!("resolved above"),
-        }
-    }
-
     fn commit(mut self) -> Result<(), StorageError> {
         self.batch
             .merge_counters(DEVICE_COUNTERS_KEY, self.counters);
@@ -704,52 +632,5 @@ impl Store {
             });
             Ok(Some(next))
         })
-    }
-
-    /// Applies many registry changes in one atomic commit. Items that fail are left out and
-    /// reported; the others are applied. An id named twice is refused for its later items.
-    ///
-    /// # Errors
-    /// [`RegistryError::TooManyInBulk`] (nothing applied) or storage errors (nothing applied).
-    pub fn bulk(
-        &self,
-        items: &[BulkItem],
-        now: UnixMillis,
-    ) -> Result<Vec<BulkItemError>, RegistryError> {
-        if items.len() > MAX_BULK_IDENTITIES {
-            return Err(RegistryError::TooManyInBulk {
-                count: items.len(),
-                max: MAX_BULK_IDENTITIES,
-            });
-        }
-        let _guards = self
-            .stripes
-            .lock_many(items.iter().map(|i| i.device_id.as_str()));
-        let mut txn = Txn::new(self);
-        let mut errors = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for item in items {
-            let result = if !seen.insert((item.device_id.clone(), item.module_id.clone())) {
-                Err(RegistryError::Invalid(ValidationError::new(
-                    "id",
-                    format!("{} appears more than once in the request", item.device_id),
-                )))
-            } else {
-                txn.apply_bulk_item(item, now)
-            };
-            if let Err(error) = result {
-                if let RegistryError::Storage(e) = error {
-                    return Err(RegistryError::Storage(e));
-                }
-                errors.push(BulkItemError {
-                    device_id: item.device_id.clone(),
-                    module_id: item.module_id.clone(),
-                    mode: item.mode,
-                    error,
-                });
-            }
-        }
-        txn.commit()?;
-        Ok(errors)
     }
 }
