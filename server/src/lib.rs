@@ -1,7 +1,8 @@
 //! ferrohub protocol layer: a thin shell of transports and protocols around the engine.
 //!
 //! # Layers (each uses only the ones below it)
-//! 1. [`node`] (and the binary): wires everything, owns start and shutdown.
+//! 1. [`node`] (and the binary, and [`offline`] over it): wires everything, owns start and
+//!    shutdown.
 //! 2. [`transport`]: sockets, TLS, HTTP, WebSocket; hands byte streams or requests to a protocol.
 //! 3. Protocol adapters, [`mqtt`], [`rest`] and [`amqp`]: wire formats in, hub calls, wire
 //!    formats out.
@@ -13,6 +14,7 @@
 //!
 //! # Layout
 //! - [`node`]: data-directory initialisation, serving, shutdown.
+//! - [`offline`]: export, restore and backup of a stopped hub.
 //! - [`config`]: the TOML configuration and its defaults.
 //! - [`tls`]: the hub's CA and server certificate, rustls configuration.
 //! - [`clock`]: the hub's wall clock (pausable in tests) and IoT Hub's time formats.
@@ -45,6 +47,7 @@ pub mod hub;
 pub mod ids;
 pub mod mqtt;
 pub mod node;
+pub mod offline;
 pub mod rest;
 pub mod routing;
 pub mod telemetry;

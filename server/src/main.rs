@@ -9,6 +9,7 @@ use ferrohub_server::config::{Config, DurabilitySetting};
 use ferrohub_server::node::{
     self, db_path, event_hubs_connection_string, policy_connection_string,
 };
+use ferrohub_server::offline;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -77,6 +78,34 @@ enum Command {
         #[arg(long, conflicts_with = "device")]
         event_hubs: bool,
     },
+    /// Export the hub (settings, policies, CAs, routing, every identity with its twin) to a
+    /// blob container, with the hub stopped: `file:///dir` or an Azure container SAS URI.
+    Export {
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+        /// Container URI to write hub.json and devices.txt into.
+        #[arg(long, value_name = "URI")]
+        to: String,
+        /// Write null authentication (such an export cannot be restored, only imported).
+        #[arg(long)]
+        exclude_keys: bool,
+    },
+    /// Restore an export into an empty data directory (the hub stopped).
+    Restore {
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+        /// Container URI holding hub.json and devices.txt.
+        #[arg(long, value_name = "URI")]
+        from: String,
+    },
+    /// Copy the whole data directory (queues and partitions included) into a new directory
+    /// that `serve` runs as it is (the hub stopped).
+    Backup {
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        to: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -115,6 +144,23 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Serve(args) => serve(args),
         Command::Ca { action } => ca(action),
+        Command::Export {
+            data_dir,
+            to,
+            exclude_keys,
+        } => offline::export(&data_dir, &to, exclude_keys).map(|n| {
+            eprintln!(
+                "exported {n} devices with their modules to {}",
+                ferrohub_server::blob::redact(&to)
+            );
+        }),
+        Command::Restore { data_dir, from } => offline::restore(&data_dir, &from).map(|n| {
+            eprintln!(
+                "restored {n} devices with their modules into {}",
+                data_dir.display()
+            );
+        }),
+        Command::Backup { data_dir, to } => offline::backup(&data_dir, &to).map(drop),
         Command::ConnectionString {
             data_dir,
             policy,

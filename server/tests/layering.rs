@@ -9,6 +9,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("main", 9),
     ("lib", 9),
     ("node", 8),
+    ("offline", 9),
     ("transport", 7),
     ("mqtt", 6),
     ("amqp", 6),

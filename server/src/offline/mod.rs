@@ -1,0 +1,317 @@
+//! Offline export, restore and backup (JOB-5, OPS-2): the hub stopped, the data directory
+//! opened by this process alone (a running hub holds RocksDB's lock and is refused).
+//!
+//! An export is a container holding:
+//! - `hub.json`: the hub's settings (name, host name, shared access policies with keys),
+//!   registered CAs, consumer groups, custom endpoints (names and partition counts), routes,
+//!   the fallback route and enrichments, and the built-in partition count.
+//! - `devices.txt`: every device and module, one line each (see `rest::jobs::line`), with keys
+//!   or thumbprints, twin tags, desired and reported properties, versions, etags and metadata.
+//!
+//! It does not hold queued C2D messages, feedback, D2C events, checkpoints or MQTT sessions:
+//! [`backup`] (a RocksDB checkpoint) does. Neither holds `tls/`: the server certificate is
+//! the host's, copied with the data directory or configured.
+//!
+//! # Invariants
+//! - [`restore`] writes only into a data directory that holds no hub and no devices, and
+//!   writes the hub's settings last. A restore that failed part-way is refused if repeated
+//!   over the same directory (it holds devices): clear the directory and restore again.
+
+mod progress;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context as _};
+use ferrohub_engine::archive::DeviceRecords;
+use ferrohub_engine::hub::{CertificateAuthority, HubSettings};
+use ferrohub_engine::routing::RoutingConfig;
+use ferrohub_engine::{OpenError, Store, StoreConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::blob::BlobContainer;
+use crate::node::db_path;
+use crate::rest::jobs::line::{export_line, restore_records};
+use crate::rest::jobs::DEVICES_BLOB;
+use progress::Progress;
+
+/// The hub-wide part of an export.
+pub const HUB_BLOB: &str = "hub.json";
+const FORMAT: &str = "ferrohub-export";
+const FORMAT_VERSION: u32 = 1;
+/// Devices read, or restored, per engine call.
+const PAGE: usize = 1000;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct HubExport {
+    format: String,
+    version: u32,
+    settings: HubSettings,
+    certificate_authorities: Vec<CertificateAuthority>,
+    consumer_groups: Vec<String>,
+    endpoints: Vec<EndpointExport>,
+    routing: RoutingConfig,
+    partition_count: u16,
+    device_count: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EndpointExport {
+    name: String,
+    partitions: u16,
+}
+
+fn open_exclusive(data_dir: &Path, partitions: u16) -> anyhow::Result<Store> {
+    Store::open(
+        &db_path(data_dir),
+        StoreConfig {
+            d2c_partitions: partitions,
+            ..StoreConfig::default()
+        },
+    )
+    .map_err(|e| match e {
+        OpenError::InUse { .. } => anyhow!(
+            "data directory {} is in use by a running hub; stop it first ({e})",
+            data_dir.display()
+        ),
+        other => anyhow!(other),
+    })
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Writes `hub.json` and `devices.txt` for the hub in `data_dir` into the container `to`.
+///
+/// # Errors
+/// A data directory in use or without a hub, blob errors, storage errors.
+pub fn export(data_dir: &Path, to: &str, exclude_keys: bool) -> anyhow::Result<u64> {
+    if !db_path(data_dir).exists() {
+        bail!("{} holds no hub (no db/ directory)", data_dir.display());
+    }
+    let store = open_exclusive(data_dir, ferrohub_engine::DEFAULT_D2C_PARTITIONS)?;
+    let settings = store
+        .hub_settings()?
+        .ok_or_else(|| anyhow!("{} holds no initialised hub", data_dir.display()))?;
+    let device_count = store.registry_statistics()?.total_device_count;
+    let hub = HubExport {
+        format: FORMAT.into(),
+        version: FORMAT_VERSION,
+        settings,
+        certificate_authorities: store.list_certificate_authorities()?,
+        consumer_groups: store.list_consumer_groups()?,
+        endpoints: store
+            .list_endpoints()
+            .into_iter()
+            .map(|e| EndpointExport {
+                name: e.name,
+                partitions: e.slot.partitions,
+            })
+            .collect(),
+        routing: store.routing_config()?,
+        partition_count: store.partition_count(),
+        device_count,
+    };
+    let container = BlobContainer::parse(to)?;
+    let rt = runtime()?;
+    let mut progress = Progress::new("export", device_count);
+    let written = rt.block_on(async {
+        let mut writer = container.writer(DEVICES_BLOB)?;
+        let mut after: Option<String> = None;
+        let mut written = 0u64;
+        loop {
+            let page = store.archive_page(after.as_deref(), PAGE)?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.device.identity.device_id.clone());
+            let mut out = Vec::with_capacity(page.len() * 1024);
+            for d in &page {
+                for r in std::iter::once(&d.device).chain(&d.modules) {
+                    serde_json::to_writer(&mut out, &export_line(r, exclude_keys))?;
+                    out.push(b'\n');
+                }
+            }
+            writer.write(&out).await?;
+            written += page.len() as u64;
+            progress.advance(page.len() as u64);
+        }
+        writer.finish().await?;
+        container
+            .put(HUB_BLOB, serde_json::to_vec_pretty(&hub)?)
+            .await?;
+        anyhow::Ok(written)
+    })?;
+    progress.finish();
+    store.close()?;
+    Ok(written)
+}
+
+/// Fills `data_dir` (which must hold no hub) from an export in the container `from`.
+///
+/// # Errors
+/// A directory that holds a hub or is in use, an export that is not one, bad lines, blob
+/// or storage errors.
+pub fn restore(data_dir: &Path, from: &str) -> anyhow::Result<u64> {
+    let container = BlobContainer::parse(from)?;
+    let rt = runtime()?;
+    let hub: HubExport = {
+        let bytes = rt
+            .block_on(container.get(HUB_BLOB))
+            .with_context(|| format!("reading {HUB_BLOB} from {}", container.shown()))?;
+        serde_json::from_slice(&bytes).with_context(|| format!("{HUB_BLOB} is not an export"))?
+    };
+    if hub.format != FORMAT || hub.version > FORMAT_VERSION {
+        bail!(
+            "{HUB_BLOB} is format {} version {}; this build reads {FORMAT} up to version {FORMAT_VERSION}",
+            hub.format,
+            hub.version
+        );
+    }
+    let db = db_path(data_dir);
+    if db.exists() {
+        let store = open_exclusive(data_dir, hub.partition_count)?;
+        let initialised = store.hub_settings()?.is_some();
+        let devices = store.registry_statistics()?.total_device_count;
+        store.close()?;
+        if initialised || devices > 0 {
+            bail!(
+                "{} already holds a hub; restore into an empty data directory",
+                data_dir.display()
+            );
+        }
+    }
+    let store = open_exclusive(data_dir, hub.partition_count)?;
+    if store.partition_count() != hub.partition_count {
+        bail!(
+            "{} was created with {} partitions; the export has {}",
+            data_dir.display(),
+            store.partition_count(),
+            hub.partition_count
+        );
+    }
+    let now = ferrohub_engine::UnixMillis(chrono::Utc::now().timestamp_millis());
+    for ca in &hub.certificate_authorities {
+        store.put_certificate_authority(ca)?;
+    }
+    let existing = store.list_consumer_groups()?;
+    for group in hub.consumer_groups.iter().filter(|g| !existing.contains(g)) {
+        store.create_consumer_group(group, now)?;
+    }
+    for e in &hub.endpoints {
+        store.create_endpoint(&e.name, e.partitions, now)?;
+    }
+    let routing = hub.routing.clone();
+    store.update_routing_config::<ferrohub_engine::StorageError>(move |r| {
+        *r = routing;
+        Ok(())
+    })?;
+    let mut progress = Progress::new("restore", hub.device_count);
+    let restored = rt.block_on(restore_devices(&store, &container, &mut progress))?;
+    progress.finish();
+    store.initialise_hub(hub.settings)?;
+    store.close()?;
+    Ok(restored)
+}
+
+async fn restore_devices(
+    store: &Store,
+    container: &BlobContainer,
+    progress: &mut Progress,
+) -> anyhow::Result<u64> {
+    let (mut lines, _) = container
+        .lines(DEVICES_BLOB)
+        .await
+        .with_context(|| format!("reading {DEVICES_BLOB} from {}", container.shown()))?;
+    let mut page: Vec<DeviceRecords> = Vec::with_capacity(PAGE);
+    let mut restored = 0u64;
+    let mut line_number = 0u64;
+    while let Some(text) = lines.next_line().await? {
+        line_number += 1;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{DEVICES_BLOB} line {line_number} is not JSON"))?;
+        let records = restore_records(&value).map_err(|e| {
+            anyhow!(
+                "{DEVICES_BLOB} line {line_number} ({}): {}",
+                e.device_id.unwrap_or_default(),
+                e.message
+            )
+        })?;
+        if records.identity.module_id.is_some() {
+            // A module line belongs to the device line before it (the export writes them so).
+            let device = page
+                .last_mut()
+                .filter(|d| d.device.identity.device_id == records.identity.device_id)
+                .ok_or_else(|| {
+                    anyhow!(
+                        "{DEVICES_BLOB} line {line_number}: module of {} does not follow its device",
+                        records.identity.device_id
+                    )
+                })?;
+            device.modules.push(records);
+            continue;
+        }
+        if page.len() >= PAGE {
+            restored += flush(store, &mut page, progress)?;
+        }
+        page.push(DeviceRecords {
+            device: records,
+            modules: Vec::new(),
+        });
+    }
+    restored += flush(store, &mut page, progress)?;
+    Ok(restored)
+}
+
+fn flush(
+    store: &Store,
+    page: &mut Vec<DeviceRecords>,
+    progress: &mut Progress,
+) -> anyhow::Result<u64> {
+    let n = page.len() as u64;
+    if n > 0 {
+        store.restore_devices(page)?;
+        progress.advance(n);
+        page.clear();
+    }
+    Ok(n)
+}
+
+/// A complete copy of the data directory in `to` (which must not exist): a RocksDB
+/// checkpoint of the database (queues, partitions, checkpoints and sessions included) and the
+/// TLS material. `ferrohub serve --data-dir {to}` runs it as it is.
+///
+/// # Errors
+/// A directory in use, an existing `to`, storage or file errors.
+pub fn backup(data_dir: &Path, to: &Path) -> anyhow::Result<PathBuf> {
+    if to.exists() {
+        bail!(
+            "{} exists; a backup goes into a new directory",
+            to.display()
+        );
+    }
+    if !db_path(data_dir).exists() {
+        bail!("{} holds no hub (no db/ directory)", data_dir.display());
+    }
+    let store = open_exclusive(data_dir, ferrohub_engine::DEFAULT_D2C_PARTITIONS)?;
+    std::fs::create_dir_all(to)?;
+    eprintln!("backup: checkpointing the database");
+    store.checkpoint(&db_path(to))?;
+    store.close()?;
+    let tls = data_dir.join("tls");
+    if tls.is_dir() {
+        let target = to.join("tls");
+        std::fs::create_dir_all(&target)?;
+        for entry in std::fs::read_dir(&tls)? {
+            let entry = entry?;
+            std::fs::copy(entry.path(), target.join(entry.file_name()))?;
+        }
+    }
+    eprintln!("backup: complete in {}", to.display());
+    Ok(to.to_path_buf())
+}
