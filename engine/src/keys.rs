@@ -164,6 +164,8 @@ pub fn twin(device_id: &str, module_id: Option<&str>) -> Vec<u8> {
 pub mod c2d {
     /// The feedback queue.
     pub const FEEDBACK_QUEUE: &[u8] = b"f";
+    /// The file-upload notification queue (it has no timers; see `c2d::file_notifications`).
+    pub const FILE_NOTIFICATION_QUEUE: &[u8] = b"u";
 
     pub fn device_queue(device_id: &str) -> Vec<u8> {
         let mut k = vec![b'd'];

@@ -264,6 +264,40 @@ pub struct StorageSection {
     pub durability: DurabilitySetting,
 }
 
+/// File upload (FUP-1): the storage account devices upload to. Absent: uploads are refused.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileUploadSection {
+    /// Azure Storage connection string (`AccountName`, `AccountKey`, optionally `BlobEndpoint`).
+    pub connection_string: String,
+    /// The container uploads go to, as `{deviceId}/{blobName}`.
+    pub container: String,
+    /// How long a device's upload SAS is valid.
+    #[serde(with = "humantime_serde", default = "default_sas_ttl")]
+    pub sas_ttl: Duration,
+    /// Queue a notification for the service when a device reports a successful upload.
+    #[serde(default)]
+    pub notifications: bool,
+    /// How long a notification waits to be received.
+    #[serde(with = "humantime_serde", default = "default_notification_ttl")]
+    pub notification_ttl: Duration,
+    /// Deliveries of a notification before it is dropped.
+    #[serde(default = "default_notification_deliveries")]
+    pub notification_max_delivery_count: u32,
+}
+
+fn default_sas_ttl() -> Duration {
+    Duration::from_secs(3_600)
+}
+
+fn default_notification_ttl() -> Duration {
+    Duration::from_secs(3_600)
+}
+
+fn default_notification_deliveries() -> u32 {
+    10
+}
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -275,6 +309,7 @@ pub struct Config {
     pub c2d: C2dSection,
     pub routing: RoutingSection,
     pub development: DevelopmentSection,
+    pub file_upload: Option<FileUploadSection>,
 }
 
 impl Config {

@@ -169,6 +169,13 @@ impl Services {
                 .await?
         };
         let settings = Arc::new(settings);
+        let uploads = match &config.file_upload {
+            Some(section) => Some(
+                hub::file_uploads::FileUploads::new(section)
+                    .map_err(|e| NodeError::Other(format!("file_upload: {e}")))?,
+            ),
+            None => None,
+        };
         let ctx = HubContext {
             auth: Authenticator::new(handle.clone(), Arc::clone(&settings), clock.clone()),
             store: handle,
@@ -180,6 +187,7 @@ impl Services {
             methods: Arc::default(),
             c2d: hub::c2d::C2d::new(config.c2d.queue_settings()),
             routing: Arc::new(routing),
+            uploads,
         };
         let mut tasks = Vec::new();
         for kind in [TimerKind::Lock, TimerKind::Expiry] {

@@ -23,6 +23,7 @@
 //! - Sequence numbers of a queue only grow, also across a device's deletion and re-creation.
 
 pub mod feedback;
+pub mod file_notifications;
 mod queue;
 mod sweep;
 mod token;

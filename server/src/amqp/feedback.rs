@@ -3,8 +3,8 @@
 //! `released` and `modified` abandon it (it comes back), `rejected` dead-letters it. A message
 //! sent when the link or connection drops is abandoned, so it comes back at once.
 //!
-//! `/messages/serviceBound/filenotifications` attaches the same way; the hub has no file
-//! uploads yet, so it delivers nothing.
+//! `/messages/serviceBound/filenotifications` works the same way with file-upload
+//! notifications (one upload per message).
 //!
 //! # Invariants
 //! - At most one feedback message per link is locked and unsettled at a time: the next is
@@ -17,6 +17,7 @@ use std::time::Duration;
 use fe2o3_amqp::link::Sender;
 use fe2o3_amqp::types::messaging::{Body, Data, Message, Outcome, Properties};
 use fe2o3_amqp::types::primitives::{Binary, Symbol};
+use ferrohub_engine::c2d::file_notifications::LockedFileNotification;
 use ferrohub_engine::c2d::{FeedbackMessage, Settle};
 
 use super::claims::Claims;
@@ -72,14 +73,99 @@ pub async fn serve(mut link: Sender, ctx: HubContext, claims: Claims) {
     }
 }
 
-/// Serves a link on the file-notification node: nothing to deliver until file uploads exist,
-/// so it stays attached until the client detaches it.
+/// Serves a link on the file-notification node: each queued upload notification is sent as
+/// one message and settled by the client's outcome, like feedback. A hub without file upload
+/// configured has nothing to send; the link stays attached until the client detaches it.
 pub async fn serve_file_notifications(mut link: Sender, ctx: HubContext, claims: Claims) {
-    if let Err(reason) = claims.check(Permission::ServiceConnect, ctx.auth.now_secs()) {
-        let _ = link.close_with_error(errors::unauthorized(&reason)).await;
+    let Some(uploads) = ctx.uploads.clone() else {
+        if let Err(reason) = claims.check(Permission::ServiceConnect, ctx.auth.now_secs()) {
+            let _ = link.close_with_error(errors::unauthorized(&reason)).await;
+            return;
+        }
+        let _ = link.on_detach().await;
         return;
+    };
+    let settings = uploads.notification_settings;
+    loop {
+        if let Err(reason) = claims.check(Permission::ServiceConnect, ctx.auth.now_secs()) {
+            let _ = link.close_with_error(errors::unauthorized(&reason)).await;
+            return;
+        }
+        let now = ctx.clock.now();
+        let next = ctx
+            .store
+            .run(move |s| s.receive_file_notification(now, &settings))
+            .await;
+        let locked = match next {
+            Ok(Some(n)) => n,
+            Ok(None) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(POLL) => continue,
+                    _ = link.on_detach() => return,
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "file notifications could not be read");
+                let _ = link
+                    .close_with_error(errors::internal(&e.to_string()))
+                    .await;
+                return;
+            }
+        };
+        let sent = link
+            .send(file_notification_message(&locked, &ctx.settings.hub_name))
+            .await;
+        let (action, link_ok) = match sent {
+            Ok(Outcome::Accepted(_)) => (Settle::Complete, true),
+            Ok(Outcome::Rejected(_)) => (Settle::Reject, true),
+            Ok(_) => (Settle::Abandon, true),
+            Err(e) => {
+                tracing::debug!(error = %e, "file notification link ended with a message unsettled");
+                (Settle::Abandon, false)
+            }
+        };
+        let (token, at) = (locked.lock_token.clone(), ctx.clock.now());
+        if let Err(e) = ctx
+            .store
+            .run(move |s| s.settle_file_notification(&token, action, at))
+            .await
+        {
+            tracing::debug!(error = %e, ?action, "file notification settle refused");
+        }
+        if !link_ok {
+            return;
+        }
     }
-    let _ = link.on_detach().await;
+}
+
+/// A file notification as IoT Hub sends it: its JSON in a data section.
+fn file_notification_message(
+    n: &LockedFileNotification,
+    hub_name: &str,
+) -> Message<Body<fe2o3_amqp::types::primitives::Value>> {
+    let f = &n.notification;
+    let body = serde_json::json!({
+        "deviceId": f.device_id,
+        "blobUri": f.blob_uri,
+        "blobName": f.blob_name,
+        "lastUpdatedTime": crate::clock::iso7(f.last_updated),
+        "blobSizeInBytes": f.blob_size,
+        "enqueuedTimeUtc": crate::clock::iso7(n.enqueued),
+    });
+    Message {
+        header: None,
+        delivery_annotations: None,
+        message_annotations: None,
+        properties: Some(Properties {
+            message_id: Some(n.lock_token.clone().into()),
+            user_id: Some(Binary::from(hub_name.as_bytes().to_vec())),
+            content_type: Some(Symbol::from("application/json")),
+            ..Default::default()
+        }),
+        application_properties: None,
+        body: Body::Data(vec![Data(Binary::from(body.to_string().into_bytes()))].into()),
+        footer: None,
+    }
 }
 
 /// The AMQP form of a feedback message: its records as JSON in a data section.

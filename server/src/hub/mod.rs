@@ -25,6 +25,7 @@ pub mod connections;
 pub mod context;
 pub mod d2c_notify;
 pub mod event_router;
+pub mod file_uploads;
 pub mod methods;
 pub mod partition_readers;
 pub mod retention;

@@ -10,6 +10,7 @@ mod c2d;
 mod certificates;
 pub mod error;
 mod events;
+mod files;
 mod identities;
 pub mod identity_json;
 pub mod jobs;
@@ -143,6 +144,7 @@ pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
         methods::routes(ctx.clone()),
         c2d::routes(ctx.clone()),
         jobs::routes(ctx.clone()),
+        files::routes(ctx.clone()),
         routing::routes(ctx),
     ])
     .recover(error::recover)
