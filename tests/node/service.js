@@ -10,6 +10,9 @@
 //   {"op": "feedback", "connectionString": ..., "originalIds": [...], "abandonFirst": bool,
 //     "timeoutMs": n}
 //     -> {"batches": [{"records": [...], "settled": "abandon" | "complete"}]}
+//   {"op": "fileNotifications", "connectionString": ..., "count": n, "abandonFirst": bool,
+//     "timeoutMs": n}
+//     -> {"notifications": [{"notification": {...}, "settled": "abandon" | "complete"}]}
 //
 // The hub's CA comes from NODE_EXTRA_CA_CERTS. Every wait is bounded by timeoutMs.
 'use strict';
@@ -18,13 +21,7 @@ const { Client } = require('azure-iothub');
 // The SDK's own Message class (it vendors azure-iot-common).
 const { Message } = require('azure-iothub/dist/common-core/message');
 
-function readStdin() {
-  return new Promise((resolve) => {
-    let text = '';
-    process.stdin.on('data', (chunk) => { text += chunk; });
-    process.stdin.on('end', () => resolve(JSON.parse(text)));
-  });
-}
+const { readStdin } = require('./stdin');
 
 async function send(client, sends) {
   const results = [];
@@ -92,6 +89,33 @@ function feedback(client, request) {
   });
 }
 
+function fileNotifications(client, request) {
+  const received = [];
+  let abandoned = false;
+  let completed = 0;
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => resolve({ notifications: received, timedOut: true }), request.timeoutMs);
+    client.getFileNotificationReceiver((err, receiver) => {
+      if (err) { clearTimeout(timer); reject(err); return; }
+      receiver.on('errorReceived', (e) => received.push({ error: String(e) }));
+      receiver.on('message', (msg) => {
+        const notification = JSON.parse(msg.getData().toString('utf-8'));
+        if (request.abandonFirst && !abandoned) {
+          abandoned = true;
+          received.push({ notification, settled: 'abandon' });
+          receiver.abandon(msg, () => {});
+          return;
+        }
+        received.push({ notification, settled: 'complete' });
+        receiver.complete(msg, () => {
+          completed += 1;
+          if (completed === request.count) { clearTimeout(timer); resolve({ notifications: received }); }
+        });
+      });
+    });
+  });
+}
+
 async function main() {
   const request = await readStdin();
   const client = Client.fromConnectionString(request.connectionString);
@@ -100,6 +124,7 @@ async function main() {
   try {
     if (request.op === 'send') result = await send(client, request.sends);
     else if (request.op === 'burst') result = await burst(client, request);
+    else if (request.op === 'fileNotifications') result = await fileNotifications(client, request);
     else result = await feedback(client, request);
   } finally {
     await client.close();

@@ -124,6 +124,17 @@ async fn update(
     ctx.store.run(move |s: &Store| s.update_job(&id, f)).await
 }
 
+/// Stops when a cancel was asked for (a read, checked after every batch).
+async fn check_cancel(ctx: &HubContext, id: &str) -> Result<(), Stop> {
+    let id = id.to_string();
+    let job = ctx.store.run(move |s: &Store| s.get_job(&id)).await?;
+    if job.cancel_requested {
+        Err(Stop::Cancelled)
+    } else {
+        Ok(())
+    }
+}
+
 /// Records progress; stops when a cancel was asked for.
 async fn progress(
     ctx: &HubContext,
@@ -200,6 +211,7 @@ async fn export_pages(
         writer.write(&bytes).await?;
         done += count;
         after = last;
+        check_cancel(ctx, &job.id).await?;
         if last_report.elapsed() >= PROGRESS_EVERY {
             last_report = Instant::now();
             progress(ctx, &job.id, done, 0, (done * 100 / total) as u8).await?;
@@ -295,6 +307,7 @@ async fn import_lines(
         if batch.len() >= IMPORT_BATCH {
             apply(ctx, &mut batch, log).await?;
             in_batch.clear();
+            check_cancel(ctx, &job.id).await?;
             if last_report.elapsed() >= PROGRESS_EVERY {
                 last_report = Instant::now();
                 progress(
