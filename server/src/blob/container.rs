@@ -266,6 +266,19 @@ mod tests {
     }
 
     #[test]
+    fn azure_uris_build_an_https_client() {
+        // Building the client sets up TLS (rustls with ring); no request is made.
+        let c = BlobContainer::parse(
+            "https://acct.blob.core.windows.net/c?sv=2023-11-03&sp=rw&sig=abc%3D",
+        )
+        .unwrap();
+        assert_eq!(
+            c.shown(),
+            "https://acct.blob.core.windows.net/c?sv=2023-11-03&sp=rw&sig=REDACTED"
+        );
+    }
+
+    #[test]
     fn uris_without_a_signature_or_with_other_schemes_are_refused() {
         assert!(matches!(
             BlobContainer::parse("https://a.blob.core.windows.net/c?sv=1"),
