@@ -25,6 +25,23 @@ ensure_apt() {
     fi
 }
 
+# Puts the built `ferrohub` on PATH (a link in /usr/local/bin), so the README's commands work
+# as written in any shell.
+install_cli() {
+    if [ "$(readlink /usr/local/bin/ferrohub 2>/dev/null)" != "$FERROHUB_BIN" ]; then
+        as_root ln -sf "$FERROHUB_BIN" /usr/local/bin/ferrohub
+        echo "linked /usr/local/bin/ferrohub -> $FERROHUB_BIN" >&2
+    fi
+}
+
+# Says what the first build costs before it starts (cargo prints its own progress).
+announce_build() {
+    if [ ! -x "$FERROHUB_BIN" ]; then
+        echo "Building ferrohub into $CARGO_TARGET_DIR. The first build compiles RocksDB's C++:" >&2
+        echo "about 30 minutes on two cores; later builds take seconds to minutes." >&2
+    fi
+}
+
 # RocksDB's bindings need libclang; its C++ needs a compiler.
 ensure_build_deps() {
     ensure_apt libclang-dev clang g++ make

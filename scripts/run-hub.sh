@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_build_deps
+announce_build
 # The same cargo invocation as the test script, so the two share one RocksDB build.
 cargo build --release --workspace --all-targets
+install_cli
 exec "$FERROHUB_BIN" serve --data-dir "${FERROHUB_DATA_DIR:-./data}" "$@"

@@ -11,6 +11,8 @@ ensure_node_env
 # One cargo invocation shape everywhere (workspace, all targets): a different package or target
 # selection changes feature unification and would rebuild RocksDB's C++ from scratch.
 # --all-targets also runs each criterion bench once as a smoke test (no measurement).
+announce_build
 cargo test --release --workspace --all-targets
+install_cli
 
 "$FERROHUB_VENV/bin/python" -m pytest -q -c tests/python/pytest.ini tests/python

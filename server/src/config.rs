@@ -14,9 +14,11 @@ pub mod defaults {
 
     pub const HUB_NAME: &str = "ferrohub";
     pub const HOST_NAME: &str = "localhost";
-    pub const HTTPS_ADDR: &str = "0.0.0.0:443";
-    pub const MQTT_ADDR: &str = "0.0.0.0:8883";
-    pub const AMQP_ADDR: &str = "0.0.0.0:5671";
+    /// `[::]` with IPV6_V6ONLY off: IPv6 and IPv4 (mapped) on one socket, so a client that
+    /// resolves `localhost` to `::1` first is served as one that uses 127.0.0.1.
+    pub const HTTPS_ADDR: &str = "[::]:443";
+    pub const MQTT_ADDR: &str = "[::]:8883";
+    pub const AMQP_ADDR: &str = "[::]:5671";
     pub const D2C_PARTITIONS: u16 = 4;
     /// IoT Hub's default retention of device-to-cloud events.
     pub const D2C_RETENTION: Duration = Duration::from_secs(86_400);

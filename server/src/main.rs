@@ -21,6 +21,34 @@ use tokio_util::sync::CancellationToken;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines on stderr: `text` (coloured only on a terminal) or `json` (one object per line).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs go to stderr; the level comes from `FERROHUB_LOG` (default `info`).
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FERROHUB_LOG")
+        .unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+        // Escape codes only where a terminal will render them, never into a log file.
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
 }
 
 #[derive(clap::Args)]
@@ -36,13 +64,13 @@ struct ServeArgs {
     /// Name for a new hub (default ferrohub).
     #[arg(long)]
     hub_name: Option<String>,
-    /// HTTPS listen address (default 0.0.0.0:443).
+    /// HTTPS listen address (default [::]:443, dual-stack).
     #[arg(long, value_name = "ADDR")]
     https_addr: Option<std::net::SocketAddr>,
-    /// MQTT over TLS listen address (default 0.0.0.0:8883).
+    /// MQTT over TLS listen address (default [::]:8883, dual-stack).
     #[arg(long, value_name = "ADDR")]
     mqtt_addr: Option<std::net::SocketAddr>,
-    /// AMQP over TLS listen address (default 0.0.0.0:5671).
+    /// AMQP over TLS listen address (default [::]:5671, dual-stack).
     #[arg(long, value_name = "ADDR")]
     amqp_addr: Option<std::net::SocketAddr>,
     /// Skip the per-commit sync (development only; a crash may lose acknowledged writes).
@@ -134,14 +162,9 @@ enum CaAction {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FERROHUB_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let result = match Cli::parse().command {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Ca { action } => ca(action),
         Command::Export {

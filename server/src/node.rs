@@ -219,11 +219,34 @@ impl Services {
     }
 }
 
+/// Binds a listener; an IPv6 address listens dual-stack (IPV6_V6ONLY off). On a host without
+/// IPv6, the unspecified `[::]` falls back to `0.0.0.0` on the same port.
 async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {
-    TcpListener::bind(addr).await.map_err(|e| NodeError::Bind {
+    match listen(addr) {
+        Err(e) if addr.is_ipv6() && addr.ip().is_unspecified() => {
+            let v4 = SocketAddr::from(([0, 0, 0, 0], addr.port()));
+            tracing::warn!(%addr, error = %e, fallback = %v4, "no IPv6 here; listening on IPv4 only");
+            listen(v4)
+        }
+        other => other,
+    }
+    .map_err(|e| NodeError::Bind {
         addr,
         reason: e.to_string(),
     })
+}
+
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
 }
 
 fn local(l: &TcpListener) -> Result<SocketAddr, NodeError> {

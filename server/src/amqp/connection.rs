@@ -81,15 +81,19 @@ where
     tracing::info!(%peer, "AMQP connection open");
     let sessions_acceptor = SessionAcceptor::new();
     let mut sessions = JoinSet::new();
+    let reason;
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => break,
+            _ = shutdown.cancelled() => {
+                reason = "the hub is shutting down".to_string();
+                break;
+            }
             accepted = sessions_acceptor.accept(&mut connection) => match accepted {
                 Ok(session) => {
                     sessions.spawn(serve_session(session, ctx.clone(), claims.clone()));
                 }
                 Err(e) => {
-                    tracing::debug!(%peer, error = %e, "AMQP connection ended");
+                    reason = e.to_string();
                     break;
                 }
             },
@@ -97,7 +101,7 @@ where
     }
     sessions.shutdown().await;
     let _ = connection.close().await;
-    tracing::info!(%peer, "AMQP connection closed");
+    tracing::info!(%peer, %reason, "AMQP connection closed");
 }
 
 /// Serves one session: each attached link by the node it names.

@@ -117,7 +117,13 @@ impl ApiError {
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
         } else {
-            tracing::debug!(error = %self, "request refused");
+            tracing::info!(
+                status = status.as_u16(),
+                code = name,
+                number,
+                error = %self,
+                "request refused"
+            );
         }
         let now = chrono::Utc::now().format("%Y-%m-%d %H:%M:%SZ");
         let tracking = format!("{:032x}", rand::random::<u128>());
