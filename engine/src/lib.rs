@@ -76,6 +76,18 @@ pub struct StoreConfig {
     pub commit_queue_depth: usize,
 }
 
+/// RocksDB's view of itself, summed over column families (see [`Store::storage_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StorageStats {
+    /// Writes are stopped (too many memtables or level-0 files).
+    pub write_stopped: bool,
+    /// Bytes/s writes are throttled to while RocksDB delays them (0: not delayed).
+    pub actual_delayed_write_rate: u64,
+    pub pending_compaction_bytes: u64,
+    pub sst_bytes: u64,
+    pub memtable_bytes: u64,
+}
+
 /// IoT Hub's default partition count.
 pub const DEFAULT_D2C_PARTITIONS: u16 = 4;
 
@@ -235,6 +247,24 @@ impl Store {
     /// Storage errors (an existing `dir` included).
     pub fn checkpoint(&self, dir: &Path) -> Result<(), StorageError> {
         self.raw.checkpoint(dir)
+    }
+
+    /// Whether the engine refuses every write after a failed durable write (restart to recover).
+    pub fn is_poisoned(&self) -> bool {
+        self.raw.is_poisoned()
+    }
+
+    /// What RocksDB says about its own state, for operators.
+    pub fn storage_stats(&self) -> StorageStats {
+        StorageStats {
+            write_stopped: self.raw.property_sum("rocksdb.is-write-stopped") > 0,
+            actual_delayed_write_rate: self.raw.property_sum("rocksdb.actual-delayed-write-rate"),
+            pending_compaction_bytes: self
+                .raw
+                .property_sum("rocksdb.estimate-pending-compaction-bytes"),
+            sst_bytes: self.raw.property_sum("rocksdb.total-sst-files-size"),
+            memtable_bytes: self.raw.property_sum("rocksdb.cur-size-all-mem-tables"),
+        }
     }
 
     pub fn commit_queue_depth(&self) -> usize {

@@ -19,6 +19,8 @@ pub mod defaults {
     pub const HTTPS_ADDR: &str = "[::]:443";
     pub const MQTT_ADDR: &str = "[::]:8883";
     pub const AMQP_ADDR: &str = "[::]:5671";
+    /// Metrics and health: plain HTTP, loopback only unless configured otherwise.
+    pub const METRICS_ADDR: &str = "127.0.0.1:9464";
     pub const D2C_PARTITIONS: u16 = 4;
     /// IoT Hub's default retention of device-to-cloud events.
     pub const D2C_RETENTION: Duration = Duration::from_secs(86_400);
@@ -70,6 +72,8 @@ pub struct ListenersSection {
     pub mqtt: SocketAddr,
     /// AMQP 1.0 over TLS: the service endpoint (C2D sends, feedback).
     pub amqp: SocketAddr,
+    /// Prometheus `/metrics` and `/health/live`, `/health/ready` (plain HTTP).
+    pub metrics: SocketAddr,
 }
 
 impl Default for ListenersSection {
@@ -78,6 +82,9 @@ impl Default for ListenersSection {
             https: defaults::HTTPS_ADDR.parse().expect("valid default address"),
             mqtt: defaults::MQTT_ADDR.parse().expect("valid default address"),
             amqp: defaults::AMQP_ADDR.parse().expect("valid default address"),
+            metrics: defaults::METRICS_ADDR
+                .parse()
+                .expect("valid default address"),
         }
     }
 }

@@ -73,6 +73,9 @@ struct ServeArgs {
     /// AMQP over TLS listen address (default [::]:5671, dual-stack).
     #[arg(long, value_name = "ADDR")]
     amqp_addr: Option<std::net::SocketAddr>,
+    /// Metrics and health listen address, plain HTTP (default 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Skip the per-commit sync (development only; a crash may lose acknowledged writes).
     #[arg(long)]
     relaxed_durability: bool,
@@ -210,6 +213,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         https_addr,
         mqtt_addr,
         amqp_addr,
+        metrics_addr,
         relaxed_durability: relaxed,
     } = args;
     let mut config = match &config_file {
@@ -230,6 +234,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(a) = amqp_addr {
         config.listeners.amqp = a;
+    }
+    if let Some(a) = metrics_addr {
+        config.listeners.metrics = a;
     }
     if relaxed {
         config.storage.durability = DurabilitySetting::Relaxed;

@@ -292,6 +292,19 @@ pub async fn serve(
     let amqp_addr = local(&amqp_listener)?;
     let services = Services::start(store, hub, &config, clock, &shutdown).await?;
     let ctx = services.ctx.clone();
+    let readiness = crate::transport::ops::Readiness::default();
+    // The ops listener outlives the drain, so readiness can be seen going false.
+    let ops_stop = CancellationToken::new();
+    let (metrics_addr, ops_task) = crate::transport::ops::serve(
+        config.listeners.metrics,
+        ctx.clone(),
+        readiness.clone(),
+        ops_stop.clone(),
+    )
+    .map_err(|reason| NodeError::Bind {
+        addr: config.listeners.metrics,
+        reason,
+    })?;
     let tracker = TaskTracker::new();
     let listeners = vec![
         tokio::spawn(https::serve(
@@ -321,11 +334,14 @@ pub async fn serve(
         )),
     ];
     // Tests and scripts read these lines to learn the bound addresses; https comes last.
+    println!("listening metrics={metrics_addr}");
     println!("listening mqtt={mqtt_addr}");
     println!("listening amqp={amqp_addr}");
     println!("listening https={https_addr}");
-    tracing::info!(%https_addr, %mqtt_addr, %amqp_addr, "listening");
+    tracing::info!(%https_addr, %mqtt_addr, %amqp_addr, %metrics_addr, "listening");
+    readiness.set(true);
     shutdown.cancelled().await;
+    readiness.set(false);
     tracing::info!("shutting down: no new connections; draining");
     for t in listeners {
         let _ = t.await;
@@ -343,5 +359,7 @@ pub async fn serve(
         .await
         .map_err(|e| NodeError::Other(e.to_string()))?;
     tracing::info!("store closed");
+    ops_stop.cancel();
+    let _ = ops_task.await;
     Ok(())
 }

@@ -56,6 +56,8 @@ class Hub:
         self.mqtt_addr = "127.0.0.1:0"
         self.amqp_addr = "127.0.0.1:0"
         self.amqp_port = None
+        self.metrics_addr = "127.0.0.1:0"
+        self.metrics_port = None
         self.startup_lines: list[str] = []
         self.stderr_path = self.data_dir.parent / (self.data_dir.name + ".stderr.log")
 
@@ -65,7 +67,8 @@ class Hub:
         err = open(self.stderr_path, "ab")
         self.proc = subprocess.Popen(
             [binary(), "serve", "--data-dir", str(self.data_dir), "--https-addr", self.https_addr,
-             "--mqtt-addr", self.mqtt_addr, "--amqp-addr", self.amqp_addr, *extra_args],
+             "--mqtt-addr", self.mqtt_addr, "--amqp-addr", self.amqp_addr,
+             "--metrics-addr", self.metrics_addr, *extra_args],
             stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1,
         )
         deadline = time.time() + timeout
@@ -79,6 +82,9 @@ class Hub:
             m = re.match(r"listening mqtt=.*:(\d+)$", line)
             if m:
                 self.mqtt_port = int(m.group(1))
+            m = re.match(r"listening metrics=.*:(\d+)$", line)
+            if m:
+                self.metrics_port = int(m.group(1))
             m = re.match(r"listening amqp=.*:(\d+)$", line)
             if m:
                 self.amqp_port = int(m.group(1))

@@ -80,7 +80,8 @@ def test_default_listeners_serve_ipv6_and_ipv4(tmp_path):
                 listening[m.group(1)] = m.group(2)
             if "https" in listening:
                 break
-        assert listening == {"mqtt": "[::]:8883", "amqp": "[::]:5671", "https": "[::]:443"}, listening
+        assert listening == {"metrics": "127.0.0.1:9464", "mqtt": "[::]:8883", "amqp": "[::]:5671",
+                             "https": "[::]:443"}, listening
         ca = str(data / "tls" / "ca.pem")
         for port in (443, 8883, 5671):
             for host in ("::1", "127.0.0.1"):

@@ -187,6 +187,10 @@ impl Committer {
         tx.send(pending).map_err(|_| StorageError::Closed)
     }
 
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.shared.poisoned.load(Ordering::Acquire)
+    }
+
     pub(crate) fn stats(&self) -> CommitStats {
         CommitStats {
             commits: self.shared.commits.load(Ordering::Relaxed),

@@ -344,6 +344,20 @@ impl Raw {
             .unwrap_or_default()
     }
 
+    /// Whether a failed durable write stopped the committer (see `commit`).
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.committer.as_ref().is_some_and(Committer::is_poisoned)
+    }
+
+    /// A RocksDB integer property summed over every column family (0 where it is absent).
+    pub(crate) fn property_sum(&self, name: &str) -> u64 {
+        cf::ALL
+            .iter()
+            .filter_map(|c| self.db.cf_handle(c))
+            .filter_map(|h| self.db.property_int_value_cf(h, name).ok().flatten())
+            .sum()
+    }
+
     /// Writes a consistent copy of the database into `dir` (which must not exist): a RocksDB
     /// checkpoint, hard-linking table files where the file system allows.
     pub(crate) fn checkpoint(&self, dir: &Path) -> Result<(), StorageError> {

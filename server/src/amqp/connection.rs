@@ -79,6 +79,8 @@ where
         }
     };
     tracing::info!(%peer, "AMQP connection open");
+    let open = metrics::gauge!("ferrohub_connections", "protocol" => "amqp", "transport" => "tls");
+    open.increment(1.0);
     let sessions_acceptor = SessionAcceptor::new();
     let mut sessions = JoinSet::new();
     let reason;
@@ -102,6 +104,7 @@ where
     sessions.shutdown().await;
     let _ = connection.close().await;
     tracing::info!(%peer, %reason, "AMQP connection closed");
+    open.decrement(1.0);
 }
 
 /// Serves one session: each attached link by the node it names.

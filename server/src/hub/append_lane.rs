@@ -133,9 +133,18 @@ impl AppendLane {
             // The semaphore is never closed while the store is open.
             Err(_) => drop(reply.send(Err(D2cError::Storage(StorageError::Closed)))),
         }
+        let started = std::time::Instant::now();
         async move {
-            done.await
-                .unwrap_or(Err(D2cError::Storage(StorageError::Closed)))
+            let result = done
+                .await
+                .unwrap_or(Err(D2cError::Storage(StorageError::Closed)));
+            if result.is_ok() {
+                // Admission to durable: what a device waits for its PUBACK or 204.
+                metrics::counter!("ferrohub_d2c_messages_total").increment(1);
+                metrics::histogram!("ferrohub_d2c_append_seconds")
+                    .record(started.elapsed().as_secs_f64());
+            }
+            result
         }
     }
 

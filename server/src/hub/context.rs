@@ -51,6 +51,7 @@ impl HubContext {
             .await?;
         self.c2d.scheduled(TimerKind::Expiry, sent.expiry);
         self.connections.wake_c2d(&device_id);
+        metrics::counter!("ferrohub_c2d_sent_total").increment(1);
         Ok(())
     }
 

@@ -76,6 +76,11 @@ impl StoreHandle {
     ///
     /// # Errors
     /// [`StorageError`] when the final flush fails.
+    /// Whether the engine refuses writes after a failed sync: a flag read, no engine work.
+    pub fn is_poisoned(&self) -> bool {
+        self.store.is_poisoned()
+    }
+
     pub async fn close(&self) -> Result<(), StorageError> {
         self.run(|s| s.close()).await
     }

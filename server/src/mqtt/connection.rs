@@ -187,6 +187,8 @@ where
         return;
     }
     tracing::info!(%client_id, peer = %peer.addr, transport = peer.transport, persistent, "connected");
+    let open = metrics::gauge!("ferrohub_connections", "protocol" => "mqtt", "transport" => peer.transport);
+    open.increment(1.0);
 
     registration.methods.store(
         subscribes_methods(&session, &auth.who),
@@ -213,6 +215,7 @@ where
         )
         .await;
     tracing::info!(%client_id, reason = ?end, "connection ended");
+    open.decrement(1.0);
     conn.c2d.close(&ctx).await;
     if !matches!(end, End::Disconnect | End::Shutdown) {
         if let Some((topic, payload, retain)) = will {

@@ -117,6 +117,8 @@ impl ApiError {
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
         } else {
+            metrics::counter!("ferrohub_requests_refused_total", "protocol" => "https", "code" => name)
+                .increment(1);
             tracing::info!(
                 status = status.as_u16(),
                 code = name,

@@ -17,5 +17,6 @@ pub mod accept;
 pub mod amqp_tls;
 pub mod https;
 pub mod mqtt_tls;
+pub mod ops;
 pub mod ws;
 pub mod ws_io;

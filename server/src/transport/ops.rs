@@ -1,0 +1,158 @@
+//! The operations listener (OPS-1): Prometheus `/metrics`, `/health/live` and `/health/ready`,
+//! plain HTTP on its own address (loopback by default), off the device and service ports.
+//!
+//! # Invariants
+//! - Ready means: the engine is open, every listener is bound, the hub is not shutting down,
+//!   and the engine is not poisoned by a failed durable write. Live means the process answers.
+//! - Gauges read from elsewhere (process memory and descriptors, commit counts, RocksDB's own
+//!   properties, connected devices) are refreshed at each scrape, so a scrape never shows
+//!   values older than itself; RocksDB is read on the blocking pool.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio_util::sync::CancellationToken;
+use warp::http::StatusCode;
+use warp::Filter;
+
+use crate::hub::HubContext;
+
+/// Whether the node serves (see the module invariants); set by the node.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Release);
+    }
+
+    fn get(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Latency buckets (seconds) for the append histogram: 100 µs to 10 s.
+const BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// The process-wide Prometheus recorder, installed on first use (one per process: in-process
+/// tests may start several nodes).
+pub fn recorder() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets(BUCKETS)
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            builder.install_recorder().unwrap_or_else(|_| {
+                // Another recorder is installed (a test harness): render this one unexported.
+                PrometheusBuilder::new().build_recorder().handle()
+            })
+        })
+        .clone()
+}
+
+/// Binds the listener and serves until `shutdown`; returns the bound address.
+///
+/// # Errors
+/// The address cannot be bound.
+pub fn serve(
+    addr: SocketAddr,
+    ctx: HubContext,
+    readiness: Readiness,
+    shutdown: CancellationToken,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), String> {
+    let handle = recorder();
+    let metrics_ctx = ctx.clone();
+    let metrics = warp::path!("metrics").and(warp::get()).then(move || {
+        let (ctx, handle) = (metrics_ctx.clone(), handle.clone());
+        async move {
+            refresh(&ctx).await;
+            warp::reply::with_header(
+                handle.render(),
+                "content-type",
+                "text/plain; version=0.0.4; charset=utf-8",
+            )
+        }
+    });
+    let live = warp::path!("health" / "live")
+        .and(warp::get())
+        .map(|| warp::reply::with_status("live\n", StatusCode::OK));
+    let ready = warp::path!("health" / "ready")
+        .and(warp::get())
+        .map(move || {
+            let (status, text) = if ctx.store.is_poisoned() {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: storage failed a durable write; restart the hub\n",
+                )
+            } else if !readiness.get() {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: starting or shutting down\n",
+                )
+            } else {
+                (StatusCode::OK, "ready\n")
+            };
+            warp::reply::with_status(text, status)
+        });
+    let routes = metrics
+        .map(|r| Box::new(r) as Box<dyn warp::Reply>)
+        .or(live.map(|r| Box::new(r) as Box<dyn warp::Reply>))
+        .unify()
+        .or(ready.map(|r| Box::new(r) as Box<dyn warp::Reply>))
+        .unify();
+    let (bound, server) = warp::serve(routes)
+        .try_bind_with_graceful_shutdown(addr, async move { shutdown.cancelled().await })
+        .map_err(|e| e.to_string())?;
+    Ok((bound, tokio::spawn(server)))
+}
+
+/// Sets the gauges read from outside the metrics facade.
+async fn refresh(ctx: &HubContext) {
+    if let Some((rss, fds)) = process_usage() {
+        metrics::gauge!("process_resident_memory_bytes").set(rss as f64);
+        metrics::gauge!("process_open_fds").set(fds as f64);
+    }
+    metrics::gauge!("ferrohub_connected_devices").set(ctx.connections.connected_devices() as f64);
+    let stats = ctx
+        .store
+        .run(|s| Ok::<_, ferrohub_engine::StorageError>((s.commit_stats(), s.storage_stats())))
+        .await;
+    if let Ok((commits, storage)) = stats {
+        metrics::counter!("ferrohub_commits_total").absolute(commits.commits);
+        metrics::counter!("ferrohub_commit_writes_total").absolute(commits.writes);
+        if commits.writes > 0 {
+            // Group commit: batches acknowledged per durable write, since start.
+            metrics::gauge!("ferrohub_commit_batches_per_write")
+                .set(commits.commits as f64 / commits.writes as f64);
+        }
+        metrics::gauge!("ferrohub_rocksdb_write_stopped")
+            .set(u8::from(storage.write_stopped) as f64);
+        metrics::gauge!("ferrohub_rocksdb_delayed_write_rate_bytes")
+            .set(storage.actual_delayed_write_rate as f64);
+        metrics::gauge!("ferrohub_rocksdb_pending_compaction_bytes")
+            .set(storage.pending_compaction_bytes as f64);
+        metrics::gauge!("ferrohub_rocksdb_sst_bytes").set(storage.sst_bytes as f64);
+        metrics::gauge!("ferrohub_rocksdb_memtable_bytes").set(storage.memtable_bytes as f64);
+    }
+    metrics::gauge!("ferrohub_storage_poisoned").set(u8::from(ctx.store.is_poisoned()) as f64);
+}
+
+/// Resident memory (bytes) and open descriptors of this process, from /proc.
+fn process_usage() -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let rss_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+    Some((rss_kb * 1024, fds))
+}

@@ -1,0 +1,90 @@
+"""OPS-1 (issue 16, parts 4 and 5): the operations listener serves Prometheus text that the
+reference parser reads, with counters that agree with what the test did, and liveness and
+readiness endpoints; readiness goes false while the hub drains."""
+
+import signal
+import threading
+import time
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from mqttraw import connect_device
+
+
+def scrape(hub):
+    r = requests.get(f"http://127.0.0.1:{hub.metrics_port}/metrics", timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def value(samples, name, **labels):
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_metrics_agree_with_what_was_done(hub):
+    before = scrape(hub)
+    hub.create_device("m1")
+    token = hub.device_token("m1")
+    for i in range(7):
+        assert hub.request("POST", "/devices/m1/messages/events", token, data=f"m{i}".encode()).status_code == 204
+    assert hub.request("GET", "/devices", "SharedAccessSignature sr=x&sig=y&se=1").status_code == 401
+    assert hub.request("POST", "/devices/m1/messages/deviceBound", hub.token(), data=b"c2d").status_code == 204
+    client = connect_device(hub, "m1")
+    try:
+        after = scrape(hub)
+        assert value(after, "ferrohub_connections", protocol="mqtt", transport="mqtt-tls") == 1
+        assert value(after, "ferrohub_connected_devices") == 1
+    finally:
+        client.close()
+    assert value(after, "ferrohub_d2c_messages_total") - value(before, "ferrohub_d2c_messages_total") == 7
+    assert value(after, "ferrohub_c2d_sent_total") - value(before, "ferrohub_c2d_sent_total") == 1
+    refused = value(after, "ferrohub_requests_refused_total", protocol="https", code="IotHubUnauthorizedAccess")
+    assert refused - value(before, "ferrohub_requests_refused_total", protocol="https", code="IotHubUnauthorizedAccess") == 1
+    assert value(after, "ferrohub_d2c_append_seconds_count") - value(before, "ferrohub_d2c_append_seconds_count") == 7
+    assert value(after, "ferrohub_commits_total") > value(before, "ferrohub_commits_total")
+    assert value(after, "ferrohub_commit_writes_total") >= 1
+    assert value(after, "process_resident_memory_bytes") > 1_000_000
+    assert value(after, "process_open_fds") > 5
+    assert value(after, "ferrohub_rocksdb_write_stopped") == 0
+    assert value(after, "ferrohub_storage_poisoned") == 0
+    assert ("ferrohub_rocksdb_memtable_bytes", ()) in after
+    deadline = time.time() + 10
+    while value(scrape(hub), "ferrohub_connections", protocol="mqtt", transport="mqtt-tls") != 0:
+        assert time.time() < deadline, "the connection gauge comes back down"
+        time.sleep(0.05)
+
+
+def test_health_live_ready_and_not_ready_while_draining(hub):
+    base = f"http://127.0.0.1:{hub.metrics_port}"
+    assert requests.get(f"{base}/health/live", timeout=5).status_code == 200
+    r = requests.get(f"{base}/health/ready", timeout=5)
+    assert r.status_code == 200 and r.text == "ready\n"
+    assert requests.get(f"{base}/nothing", timeout=5).status_code == 404
+    # An open MQTT connection keeps the drain going for a moment after SIGTERM.
+    hub.create_device("drain")
+    client = connect_device(hub, "drain")
+    seen = []
+
+    def watch():
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                seen.append(requests.get(f"{base}/health/ready", timeout=2).status_code)
+            except requests.RequestException:
+                return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    time.sleep(0.1)
+    hub.proc.send_signal(signal.SIGTERM)
+    hub.proc.wait(timeout=30)
+    t.join()
+    client.close()
+    assert seen[0] == 200 and 503 in seen, seen[:5] + seen[-5:]
+    assert seen.index(503) > 0 and all(s == 503 for s in seen[seen.index(503):])
