@@ -307,6 +307,55 @@ fn default_notification_deliveries() -> u32 {
     10
 }
 
+/// IoT Hub's tiers (seed 002, "Cotas e limitação"); `unlimited` is the self-hosted default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    #[default]
+    Unlimited,
+    Free,
+    S1,
+    S2,
+    S3,
+}
+
+/// Operation throttles (THR-1): the tier's limits times the units, each overridable.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ThrottlingSection {
+    pub tier: Tier,
+    pub units: u32,
+    /// A request that would wait at most this long for its turn is delayed, not refused.
+    #[serde(with = "humantime_serde")]
+    pub shaping_delay: Duration,
+    pub registry_per_minute: Option<u32>,
+    pub c2d_sends_per_minute: Option<u32>,
+    pub c2d_receives_per_minute: Option<u32>,
+    pub device_connections_per_second: Option<u32>,
+    pub twin_reads_per_second: Option<u32>,
+    pub twin_updates_per_second: Option<u32>,
+    pub methods_per_second: Option<u32>,
+    pub jobs_per_minute: Option<u32>,
+}
+
+impl Default for ThrottlingSection {
+    fn default() -> Self {
+        ThrottlingSection {
+            tier: Tier::Unlimited,
+            units: 1,
+            shaping_delay: Duration::from_millis(250),
+            registry_per_minute: None,
+            c2d_sends_per_minute: None,
+            c2d_receives_per_minute: None,
+            device_connections_per_second: None,
+            twin_reads_per_second: None,
+            twin_updates_per_second: None,
+            methods_per_second: None,
+            jobs_per_minute: None,
+        }
+    }
+}
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -319,6 +368,7 @@ pub struct Config {
     pub routing: RoutingSection,
     pub development: DevelopmentSection,
     pub file_upload: Option<FileUploadSection>,
+    pub throttling: ThrottlingSection,
 }
 
 impl Config {

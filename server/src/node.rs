@@ -187,6 +187,7 @@ impl Services {
             methods: Arc::default(),
             c2d: hub::c2d::C2d::new(config.c2d.queue_settings()),
             routing: Arc::new(routing),
+            throttles: Arc::new(hub::throttle::Throttles::new(&config.throttling)),
             uploads,
         };
         let mut tasks = Vec::new();

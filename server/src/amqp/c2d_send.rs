@@ -26,12 +26,18 @@ pub async fn serve(mut link: Receiver, ctx: HubContext, claims: Claims) {
             let _ = link.close_with_error(errors::unauthorized(&reason)).await;
             return;
         }
-        let outcome = match message::c2d_from_amqp(delivery.message()) {
-            Ok((device_id, c2d)) => ctx
+        let admitted = ctx
+            .throttles
+            .admit(crate::hub::throttle::Operation::C2dSend)
+            .await
+            .map_err(|t| errors::throttled(&t));
+        let outcome = match (admitted, message::c2d_from_amqp(delivery.message())) {
+            (Err(throttled), _) => Err(throttled),
+            (Ok(()), Ok((device_id, c2d))) => ctx
                 .send_c2d(device_id, c2d)
                 .await
                 .map_err(|e| errors::c2d(&e)),
-            Err(e) => Err(errors::bad_message(&e)),
+            (Ok(()), Err(e)) => Err(errors::bad_message(&e)),
         };
         let settled = match outcome {
             Ok(()) => link.accept(&delivery).await,

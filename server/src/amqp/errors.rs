@@ -27,6 +27,20 @@ pub fn c2d(e: &C2dError) -> Error {
     error(condition, name, code, &e.to_string())
 }
 
+/// A send refused by its throttle (IoT Hub's `ThrottlingException`, 429001).
+pub fn throttled(t: &crate::hub::throttle::Throttled) -> Error {
+    error(
+        AmqpError::ResourceLimitExceeded,
+        "ThrottlingException",
+        429001,
+        &format!(
+            "the {} throttle is exceeded; retry after {:.1} s",
+            t.operation.name(),
+            t.retry_after.as_secs_f64()
+        ),
+    )
+}
+
 /// A message that cannot be a C2D message.
 pub fn bad_message(e: &BadMessage) -> Error {
     match e {

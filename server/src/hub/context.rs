@@ -33,6 +33,8 @@ pub struct HubContext {
     pub methods: Arc<methods::PendingCalls>,
     pub c2d: Arc<c2d::C2d>,
     pub routing: Arc<crate::routing::Router>,
+    /// Operation throttles (THR-1).
+    pub throttles: Arc<super::throttle::Throttles>,
     /// File uploads, when a storage account is configured.
     pub uploads: Option<Arc<super::file_uploads::FileUploads>>,
 }

@@ -31,6 +31,7 @@ pub mod partition_readers;
 pub mod retention;
 pub mod routes;
 pub mod store_handle;
+pub mod throttle;
 
 pub use append_lane::{AppendLane, Message};
 pub use authenticator::{AuthFailure, Authenticator, DeviceAuth, ServiceClaim};

@@ -116,13 +116,24 @@ where
         }
         Ok(None) | Err(_) => return,
     };
-    if connect.protocol_level() != ProtocolLevel::Version311 || connect.protocol_name() != "MQTT" {
-        let _ = framed
-            .send(ConnackPacket::new(
-                false,
-                ConnectReturnCode::UnacceptableProtocolVersion,
-            ))
-            .await;
+    // A wrong protocol version, or the device-connection throttle (THR-1): a throttled CONNECT
+    // is CONNACK 3, which the SDKs retry with back-off.
+    let refusal = if connect.protocol_level() != ProtocolLevel::Version311
+        || connect.protocol_name() != "MQTT"
+    {
+        Some(ConnectReturnCode::UnacceptableProtocolVersion)
+    } else if let Err(t) = ctx
+        .throttles
+        .admit(crate::hub::throttle::Operation::DeviceConnection)
+        .await
+    {
+        tracing::info!(peer = %peer.addr, client_id = connect.client_identifier(), retry_after = ?t.retry_after, "CONNECT throttled");
+        Some(ConnectReturnCode::ServiceUnavailable)
+    } else {
+        None
+    };
+    if let Some(code) = refusal {
+        let _ = framed.send(ConnackPacket::new(false, code)).await;
         return;
     }
     let auth = match authenticate(

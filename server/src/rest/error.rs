@@ -47,6 +47,8 @@ pub enum ApiError {
     Routing(#[from] crate::routing::RouteError),
     #[error("{0}")]
     Job(#[from] ferrohub_engine::jobs::JobError),
+    #[error("the {} throttle is exceeded; retry after {:.1} s", .0.operation.name(), .0.retry_after.as_secs_f64())]
+    Throttled(crate::hub::throttle::Throttled),
 }
 
 impl Reject for ApiError {}
@@ -101,6 +103,9 @@ impl ApiError {
             ApiError::Hub(e) => error_codes::hub(e),
             ApiError::C2d(e) => error_codes::c2d(e),
             ApiError::Events(e) => error_codes::d2c(e),
+            ApiError::Throttled(_) => {
+                (StatusCode::TOO_MANY_REQUESTS, "ThrottlingException", 429001)
+            }
             ApiError::Job(e) => {
                 use ferrohub_engine::jobs::JobError as E;
                 match e {
@@ -134,7 +139,16 @@ impl ApiError {
             "ExceptionMessage": format!("Tracking ID:{tracking}-TimeStamp:{now}"),
             "errorCode": number,
         });
-        warp::reply::with_status(warp::reply::json(&body), status).into_response()
+        let mut response =
+            warp::reply::with_status(warp::reply::json(&body), status).into_response();
+        if let ApiError::Throttled(t) = self {
+            // Whole seconds, rounded up: the earliest a retry can be admitted.
+            let secs = t.retry_after.as_secs() + u64::from(t.retry_after.subsec_nanos() > 0);
+            if let Ok(v) = warp::http::HeaderValue::from_str(&secs.max(1).to_string()) {
+                response.headers_mut().insert("retry-after", v);
+            }
+        }
+        response
     }
 }
 

@@ -30,6 +30,7 @@ use warp::filters::BoxedFilter;
 use warp::{Filter, Rejection};
 
 use crate::auth::{AuthError, Principal};
+use crate::hub::throttle::Operation;
 use crate::hub::{AuthFailure, HubContext};
 use error::ApiError;
 
@@ -134,6 +135,57 @@ pub fn caller(
 
 /// Every route of the REST API, module by module, then the one `recover`.
 pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
+    throttle(ctx.clone())
+        .and(table(ctx))
+        .recover(error::recover)
+        .unify()
+        .boxed()
+}
+
+/// The operation a request is throttled as (seed 002's table), by method and path.
+fn classify(method: &warp::http::Method, path: &str) -> Option<Operation> {
+    use warp::http::Method;
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match segments.as_slice() {
+        ["devices", _, "messages", "deviceBound"] if method == Method::POST => {
+            Some(Operation::C2dSend)
+        }
+        ["devices", _, "messages", "deviceBound", ..] => Some(Operation::C2dReceive),
+        ["devices", _, "messages", "events"]
+        | ["devices", _, "modules", _, "messages", "events"] => None,
+        ["devices", _, "files", ..] => None,
+        ["twins", _, "methods"] | ["twins", _, "modules", _, "methods"] => Some(Operation::Method),
+        ["twins", ..] if method == Method::GET => Some(Operation::TwinRead),
+        ["twins", ..] => Some(Operation::TwinUpdate),
+        ["jobs", ..] => Some(Operation::Jobs),
+        ["devices", ..] | ["statistics", "devices"] => Some(Operation::Registry),
+        _ => None,
+    }
+}
+
+/// Admits the request under its operation's throttle, or refuses it with 429 and Retry-After.
+fn throttle(ctx: Context) -> impl Filter<Extract = (), Error = Rejection> + Clone {
+    warp::method()
+        .and(warp::path::full())
+        .and_then(
+            move |method: warp::http::Method, path: warp::path::FullPath| {
+                let ctx = ctx.clone();
+                async move {
+                    match classify(&method, path.as_str()) {
+                        Some(op) => ctx
+                            .throttles
+                            .admit(op)
+                            .await
+                            .map_err(|t| warp::reject::custom(ApiError::Throttled(t))),
+                        None => Ok(()),
+                    }
+                }
+            },
+        )
+        .untuple_one()
+}
+
+fn table(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
     reply::first_of([
         identities::routes(ctx.clone()),
         statistics::routes(ctx.clone()),
@@ -147,7 +199,5 @@ pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
         files::routes(ctx.clone()),
         routing::routes(ctx),
     ])
-    .recover(error::recover)
-    .unify()
     .boxed()
 }

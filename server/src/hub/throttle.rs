@@ -1,0 +1,262 @@
+//! Operation throttles (THR-1, seed 002 "Cotas e limitação"): one GCRA limiter (`governor`) per
+//! throttled operation, sized by tier and units, each limit overridable in `[throttling]`.
+//!
+//! # Invariants
+//! - A limiter holds at most one interval's worth of burst (a minute's budget for per-minute
+//!   limits, a second's for per-second ones), then admits at the sustained rate.
+//! - Shaping before refusing: a caller whose turn comes within `shaping_delay` waits for it and
+//!   is admitted; one whose turn is further away is refused with the wait as its retry-after.
+//!   Waiters count against the delay too, so a crowd of waiters cannot each be promised the
+//!   same slot.
+//! - `unlimited` (the self-hosted default) builds no limiter: admission is free.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use governor::clock::{Clock as _, DefaultClock};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+
+use crate::config::{ThrottlingSection, Tier};
+
+/// What is throttled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    Registry,
+    C2dSend,
+    C2dReceive,
+    DeviceConnection,
+    TwinRead,
+    TwinUpdate,
+    Method,
+    Jobs,
+}
+
+impl Operation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Operation::Registry => "registry",
+            Operation::C2dSend => "c2d_send",
+            Operation::C2dReceive => "c2d_receive",
+            Operation::DeviceConnection => "device_connection",
+            Operation::TwinRead => "twin_read",
+            Operation::TwinUpdate => "twin_update",
+            Operation::Method => "method",
+            Operation::Jobs => "jobs",
+        }
+    }
+}
+
+/// A refusal: try again after this long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Throttled {
+    pub operation: Operation,
+    pub retry_after: Duration,
+}
+
+/// A rate: `count` per `per`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub count: u32,
+    pub per: Duration,
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+const SECOND: Duration = Duration::from_secs(1);
+
+fn per_minute(count: u32) -> Rate {
+    Rate { count, per: MINUTE }
+}
+
+fn per_second(count: u32) -> Rate {
+    Rate { count, per: SECOND }
+}
+
+/// IoT Hub's published limit of an operation for a tier and unit count; `None` for unlimited.
+pub fn tier_rate(tier: Tier, units: u32, op: Operation) -> Option<Rate> {
+    use Operation as O;
+    use Tier as T;
+    let u = units.max(1);
+    Some(match (tier, op) {
+        (T::Unlimited, _) => return None,
+        (T::Free, O::Registry) => per_minute(100),
+        (_, O::Registry) => per_minute((100 * u).min(5_000)),
+        (T::Free, O::DeviceConnection) => per_second(100),
+        (T::S1, O::DeviceConnection) => per_second((12 * u).max(100)),
+        (T::S2, O::DeviceConnection) => per_second((120 * u).max(100)),
+        (T::S3, O::DeviceConnection) => per_second(6_000 * u),
+        (T::S3, O::C2dSend) => per_minute(5_000 * u),
+        (T::Free, O::C2dSend) => per_minute(100),
+        (_, O::C2dSend) => per_minute(100 * u),
+        (T::S3, O::C2dReceive) => per_minute(50_000 * u),
+        (T::Free, O::C2dReceive) => per_minute(1_000),
+        (_, O::C2dReceive) => per_minute(1_000 * u),
+        (T::Free, O::TwinRead | O::TwinUpdate) => per_second(10),
+        (T::S1, O::TwinRead | O::TwinUpdate) => per_second(100),
+        (_, O::TwinRead | O::TwinUpdate) => per_second((10 * u).max(100)),
+        (T::Free, O::Method) => per_minute(160),
+        (T::S1, O::Method) => per_second(20 * u),
+        (T::S2, O::Method) => per_second(60 * u),
+        (T::S3, O::Method) => per_second(24_000 * u),
+        (T::S3, O::Jobs) => per_minute(5_000 * u),
+        (_, O::Jobs) => per_minute(100 * u),
+    })
+}
+
+fn override_of(section: &ThrottlingSection, op: Operation) -> Option<Rate> {
+    let s = section;
+    match op {
+        Operation::Registry => s.registry_per_minute.map(per_minute),
+        Operation::C2dSend => s.c2d_sends_per_minute.map(per_minute),
+        Operation::C2dReceive => s.c2d_receives_per_minute.map(per_minute),
+        Operation::DeviceConnection => s.device_connections_per_second.map(per_second),
+        Operation::TwinRead => s.twin_reads_per_second.map(per_second),
+        Operation::TwinUpdate => s.twin_updates_per_second.map(per_second),
+        Operation::Method => s.methods_per_second.map(per_second),
+        Operation::Jobs => s.jobs_per_minute.map(per_minute),
+    }
+}
+
+struct Limiter {
+    limiter: DefaultDirectRateLimiter,
+    /// Time between admissions at the sustained rate.
+    interval: Duration,
+    waiting: AtomicU32,
+}
+
+/// The hub's throttles.
+pub struct Throttles {
+    limiters: HashMap<Operation, Limiter>,
+    shaping_delay: Duration,
+    clock: DefaultClock,
+}
+
+const ALL: [Operation; 8] = [
+    Operation::Registry,
+    Operation::C2dSend,
+    Operation::C2dReceive,
+    Operation::DeviceConnection,
+    Operation::TwinRead,
+    Operation::TwinUpdate,
+    Operation::Method,
+    Operation::Jobs,
+];
+
+impl Throttles {
+    pub fn new(section: &ThrottlingSection) -> Throttles {
+        let mut limiters = HashMap::new();
+        for op in ALL {
+            let rate =
+                override_of(section, op).or_else(|| tier_rate(section.tier, section.units, op));
+            let Some(rate) = rate else { continue };
+            let Some(count) = NonZeroU32::new(rate.count) else {
+                continue;
+            };
+            let interval = rate.per / rate.count;
+            let Some(quota) = Quota::with_period(interval) else {
+                continue;
+            };
+            limiters.insert(
+                op,
+                Limiter {
+                    limiter: RateLimiter::direct(quota.allow_burst(count)),
+                    interval,
+                    waiting: AtomicU32::new(0),
+                },
+            );
+        }
+        Throttles {
+            limiters,
+            shaping_delay: section.shaping_delay,
+            clock: DefaultClock::default(),
+        }
+    }
+
+    /// Admits the operation, waiting up to the shaping delay for its turn.
+    ///
+    /// # Errors
+    /// [`Throttled`] with how long to wait before trying again.
+    pub async fn admit(&self, op: Operation) -> Result<(), Throttled> {
+        let Some(l) = self.limiters.get(&op) else {
+            return Ok(());
+        };
+        loop {
+            let wait = match l.limiter.check() {
+                Ok(()) => return Ok(()),
+                Err(not_until) => not_until.wait_time_from(self.clock.now()),
+            };
+            // Everyone already waiting is ahead in line.
+            let queued = l.interval * l.waiting.load(Ordering::Acquire);
+            let total = wait + queued;
+            if total > self.shaping_delay {
+                metrics::counter!("ferrohub_throttled_total", "operation" => op.name())
+                    .increment(1);
+                return Err(Throttled {
+                    operation: op,
+                    retry_after: total,
+                });
+            }
+            l.waiting.fetch_add(1, Ordering::AcqRel);
+            tokio::time::sleep(wait).await;
+            l.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_examples() {
+        // Two S1 units: 2 x 12 = 24/s, but at least 100/s; nine S1 units: 108/s.
+        assert_eq!(
+            tier_rate(Tier::S1, 2, Operation::DeviceConnection),
+            Some(per_second(100))
+        );
+        assert_eq!(
+            tier_rate(Tier::S1, 9, Operation::DeviceConnection),
+            Some(per_second(108))
+        );
+        assert_eq!(
+            tier_rate(Tier::S1, 80, Operation::Registry),
+            Some(per_minute(5_000))
+        );
+        assert_eq!(
+            tier_rate(Tier::S2, 3, Operation::C2dSend),
+            Some(per_minute(300))
+        );
+        assert_eq!(tier_rate(Tier::Unlimited, 3, Operation::C2dSend), None);
+    }
+
+    #[tokio::test]
+    async fn a_burst_passes_then_waits_then_is_refused() {
+        let section = ThrottlingSection {
+            tier: Tier::S1,
+            registry_per_minute: Some(600), // one per 100 ms after a burst of 600
+            shaping_delay: Duration::from_millis(250),
+            ..ThrottlingSection::default()
+        };
+        let t = Throttles::new(&section);
+        for _ in 0..600 {
+            t.admit(Operation::Registry).await.unwrap();
+        }
+        // The next ones wait their turn (~100 ms each)...
+        let started = std::time::Instant::now();
+        t.admit(Operation::Registry).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        // ...and three waiters at once cannot all be promised a slot within 250 ms.
+        let results = futures::future::join_all((0..5).map(|_| t.admit(Operation::Registry))).await;
+        let refused: Vec<_> = results.iter().filter_map(|r| r.err()).collect();
+        assert!(!refused.is_empty(), "sustained excess is refused");
+        assert!(refused
+            .iter()
+            .all(|r| r.retry_after > Duration::from_millis(250)));
+        // The self-hosted default holds nothing.
+        let free = Throttles::new(&ThrottlingSection::default());
+        for _ in 0..10_000 {
+            free.admit(Operation::Registry).await.unwrap();
+        }
+    }
+}
