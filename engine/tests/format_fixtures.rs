@@ -16,7 +16,7 @@ use ferrohub_engine::{OpenError, Store, StoreConfig, SCHEMA_VERSION};
 use ferrohub_migrations::{record, MigrationError, VERSION_KEY};
 
 fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations/fixtures/format_v1")
+    manifest_dir().join("../migrations/fixtures/format_v1")
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -155,4 +155,12 @@ fn newer_database_is_refused_and_left_alone() {
     let meta = db.cf_handle("meta").unwrap();
     let v: u32 = record::decode(&db.get_cf(meta, VERSION_KEY).unwrap().unwrap()).unwrap();
     assert_eq!(v, SCHEMA_VERSION + 1, "the version must be left as found");
+}
+
+/// The package directory of the tree under test, read when the test runs: a compile-time path
+/// would point at whichever checkout first built this binary into the shared target directory.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
