@@ -86,6 +86,8 @@ pub struct StorageStats {
     pub pending_compaction_bytes: u64,
     pub sst_bytes: u64,
     pub memtable_bytes: u64,
+    /// RocksDB's estimate of the C2D messages queued for all devices (enqueued or locked).
+    pub c2d_messages_estimate: u64,
 }
 
 /// IoT Hub's default partition count.
@@ -264,6 +266,10 @@ impl Store {
                 .property_sum("rocksdb.estimate-pending-compaction-bytes"),
             sst_bytes: self.raw.property_sum("rocksdb.total-sst-files-size"),
             memtable_bytes: self.raw.property_sum("rocksdb.cur-size-all-mem-tables"),
+            c2d_messages_estimate: self.raw.property_of(
+                ferrohub_migrations::cf::C2D_MESSAGES,
+                "rocksdb.estimate-num-keys",
+            ),
         }
     }
 

@@ -88,3 +88,57 @@ def test_health_live_ready_and_not_ready_while_draining(hub):
     client.close()
     assert seen[0] == 200 and 503 in seen, seen[:5] + seen[-5:]
     assert seen.index(503) > 0 and all(s == 503 for s in seen[seen.index(503):])
+
+
+def lag(samples, group="$default"):
+    return sum(v for (name, labels), v in samples.items()
+               if name == "ferrohub_d2c_consumer_lag_events" and dict(labels).get("consumer_group") == group)
+
+
+def test_device_side_metrics_and_consumer_lag(hub):
+    from ehkit import Collector, consumer, receive_in_background
+
+    before = scrape(hub)
+    hub.create_device("m2")
+    client = connect_device(hub, "m2")
+    try:
+        for i in range(10):
+            client.publish("devices/m2/messages/events/", b"x" * 100, qos=1, pkid=i + 1)
+            client.expect_puback(i + 1)
+        assert hub.request("POST", "/devices/m2/messages/deviceBound", hub.token(), data=b"c2d").status_code == 204
+        client.subscribe([("devices/m2/messages/devicebound/#", 1)], pkid=99)
+        ptype, _, _ = client.read()
+        assert ptype == 3, "the C2D message is delivered"
+        after = scrape(hub)
+    finally:
+        client.close()
+    assert value(after, "ferrohub_mqtt_puback_seconds_count") - value(before, "ferrohub_mqtt_puback_seconds_count") == 10
+    assert value(after, "ferrohub_d2c_bytes_total") - value(before, "ferrohub_d2c_bytes_total") == 1000
+    assert value(after, "ferrohub_c2d_delivered_total") - value(before, "ferrohub_c2d_delivered_total") == 1
+    assert value(after, "ferrohub_c2d_messages_queued_estimate") >= 0
+    assert ("ferrohub_outbound_queue_high_water", ()) in after
+    # A consumer that takes a second per event with a prefetch of 1 lags behind; once it has
+    # read everything its lag is 0.
+    reader = consumer(hub)
+    collector = Collector()
+    slow = Collector.on_event
+
+    def on_event(self, ctx, event):
+        slow(self, ctx, event)
+        if event is not None:
+            time.sleep(1)
+
+    collector.on_event = on_event.__get__(collector)
+    thread = receive_in_background(reader, collector, starting_position="-1", prefetch=1)
+    try:
+        assert collector.wait_for(lambda c: len(c.events) >= 2, 30)
+        lagging = lag(scrape(hub))
+        assert lagging >= 3, lagging
+        assert collector.wait_for(lambda c: len(c.events) >= 10, 60)
+        deadline = time.time() + 10
+        while lag(scrape(hub)) != 0:
+            assert time.time() < deadline, "the lag comes down to 0"
+            time.sleep(0.2)
+    finally:
+        reader.close()
+        thread.join(timeout=10)

@@ -358,6 +358,14 @@ impl Raw {
             .sum()
     }
 
+    /// An integer property of one column family (0 when RocksDB does not report it).
+    pub(crate) fn property_of(&self, cf_name: &str, name: &str) -> u64 {
+        self.db
+            .cf_handle(cf_name)
+            .and_then(|h| self.db.property_int_value_cf(h, name).ok().flatten())
+            .unwrap_or(0)
+    }
+
     /// Writes a consistent copy of the database into `dir` (which must not exist): a RocksDB
     /// checkpoint, hard-linking table files where the file system allows.
     pub(crate) fn checkpoint(&self, dir: &Path) -> Result<(), StorageError> {

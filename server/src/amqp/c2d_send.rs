@@ -33,10 +33,15 @@ pub async fn serve(mut link: Receiver, ctx: HubContext, claims: Claims) {
             .map_err(|t| errors::throttled(&t));
         let outcome = match (admitted, message::c2d_from_amqp(delivery.message())) {
             (Err(throttled), _) => Err(throttled),
-            (Ok(()), Ok((device_id, c2d))) => ctx
-                .send_c2d(device_id, c2d)
-                .await
-                .map_err(|e| errors::c2d(&e)),
+            (Ok(()), Ok((device_id, c2d))) => {
+                match ctx.throttles.quota.charge(ctx.clock.now(), c2d.body.len()) {
+                    Err(q) => Err(errors::quota_exceeded(&q)),
+                    Ok(()) => ctx
+                        .send_c2d(device_id, c2d)
+                        .await
+                        .map_err(|e| errors::c2d(&e)),
+                }
+            }
             (Ok(()), Err(e)) => Err(errors::bad_message(&e)),
         };
         let settled = match outcome {

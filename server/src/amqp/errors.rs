@@ -41,6 +41,19 @@ pub fn throttled(t: &crate::hub::throttle::Throttled) -> Error {
     )
 }
 
+/// A send refused because the daily message quota is used up (`IotHubQuotaExceeded`, 403002).
+pub fn quota_exceeded(q: &crate::hub::daily_quota::QuotaExceeded) -> Error {
+    error(
+        AmqpError::ResourceLimitExceeded,
+        "IotHubQuotaExceeded",
+        403002,
+        &format!(
+            "the daily message quota is used up until {}",
+            crate::clock::iso7(q.resets_at)
+        ),
+    )
+}
+
 /// A message that cannot be a C2D message.
 pub fn bad_message(e: &BadMessage) -> Error {
     match e {

@@ -144,6 +144,9 @@ async fn serve_link(
                 .map_err(|e| errors::internal(&e.to_string()))?,
         );
     }
+    if let ReadPosition::Sequence(next) = position {
+        lease.sent_up_to(next);
+    }
     tracing::debug!(link = %request.shown(), ?position, owner_level = ?request.owner_level, "Event Hubs receiver attached");
     loop {
         authorised()?;
@@ -178,6 +181,7 @@ async fn serve_link(
                 },
                 lost = lease.lost() => return Err(refusal_error(lost)),
             }
+            lease.sent_up_to(event.sequence_number + 1);
         }
     }
 }

@@ -61,6 +61,8 @@ pub struct Connections {
     entries: Mutex<HashMap<ClientId, Entry>>,
     next_id: AtomicU64,
     connected_devices: AtomicU64,
+    /// The most messages any one connection's outbound queue has held.
+    outbound_high_water: AtomicU64,
 }
 
 /// A live connection's place in [`Connections`].
@@ -191,9 +193,24 @@ impl Connections {
     /// full (the message is then dropped).
     pub fn notify(&self, client_id: &ClientId, message: Outbound) -> bool {
         match self.entries.lock().get(client_id) {
-            Some(e) => e.outbound.try_send(message).is_ok(),
+            Some(e) => {
+                let sent = e.outbound.try_send(message).is_ok();
+                self.note_depth(&e.outbound);
+                sent
+            }
             None => false,
         }
+    }
+
+    /// Records the depth of an outbound queue a message was just put on.
+    pub fn note_depth(&self, outbound: &mpsc::Sender<Outbound>) {
+        let depth = (outbound.max_capacity() - outbound.capacity()) as u64;
+        self.outbound_high_water.fetch_max(depth, Ordering::Relaxed);
+    }
+
+    /// The most messages any one connection's outbound queue has held since start.
+    pub fn outbound_high_water(&self) -> u64 {
+        self.outbound_high_water.load(Ordering::Relaxed)
     }
 
     /// The outbound queue of a client that is connected and subscribed to methods.

@@ -11,6 +11,7 @@
 //! - A lease removes its reader when dropped.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -34,8 +35,14 @@ pub enum ReaderRefusal {
 #[derive(Default)]
 struct Readers {
     next_id: u64,
-    /// (reader id, owner level, where to tell it that it lost the partition)
-    held: Vec<(u64, Option<i64>, watch::Sender<Option<ReaderRefusal>>)>,
+    /// (reader id, owner level, where to tell it that it lost the partition, the next
+    /// sequence number it will send)
+    held: Vec<(
+        u64,
+        Option<i64>,
+        watch::Sender<Option<ReaderRefusal>>,
+        Arc<AtomicU64>,
+    )>,
 }
 
 /// The hub's registry of partition readers; one per hub, shared by every connection.
@@ -48,9 +55,15 @@ pub struct Lease {
     key: (u16, String),
     id: u64,
     lost: watch::Receiver<Option<ReaderRefusal>>,
+    next: Arc<AtomicU64>,
 }
 
 impl Lease {
+    /// Records that everything before sequence number `next` has been sent.
+    pub fn sent_up_to(&self, next: u64) {
+        self.next.store(next, Ordering::Relaxed);
+    }
+
     /// Completes when a reader with a higher or equal owner level has taken the partition.
     pub async fn lost(&mut self) -> ReaderRefusal {
         let reason = match self.lost.wait_for(Option::is_some).await {
@@ -69,7 +82,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         let mut all = self.registry.0.lock();
         if let Some(readers) = all.get_mut(&self.key) {
-            readers.held.retain(|(id, _, _)| *id != self.id);
+            readers.held.retain(|(id, ..)| *id != self.id);
             if readers.held.is_empty() {
                 all.remove(&self.key);
             }
@@ -94,7 +107,11 @@ impl PartitionReaders {
         let key = (partition, group.to_ascii_lowercase());
         let mut all = self.0.lock();
         let readers = all.entry(key.clone()).or_default();
-        let top = readers.held.iter().filter_map(|(_, level, _)| *level).max();
+        let top = readers
+            .held
+            .iter()
+            .filter_map(|(_, level, ..)| *level)
+            .max();
         match (owner_level, top) {
             (None, Some(top)) => {
                 return Err(ReaderRefusal::Stolen(format!(
@@ -116,7 +133,7 @@ impl PartitionReaders {
                 let reason = ReaderRefusal::Stolen(format!(
                     "a new receiver with owner level {level} took {shown}; this receiver is disconnected"
                 ));
-                for (_, _, tx) in readers.held.drain(..) {
+                for (_, _, tx, _) in readers.held.drain(..) {
                     tx.send_replace(Some(reason.clone()));
                 }
             }
@@ -125,14 +142,34 @@ impl PartitionReaders {
         readers.next_id += 1;
         let id = readers.next_id;
         let (tx, lost) = watch::channel(None);
-        readers.held.push((id, owner_level, tx));
+        let next = Arc::new(AtomicU64::new(0));
+        readers.held.push((id, owner_level, tx, Arc::clone(&next)));
         drop(all);
         Ok(Lease {
             registry: self.clone(),
             key,
             id,
             lost,
+            next,
         })
+    }
+
+    /// For each (partition, consumer group) being read, the furthest next sequence number
+    /// any of its readers has reached; 0 until one has sent something.
+    pub fn positions(&self) -> Vec<(u16, String, u64)> {
+        self.0
+            .lock()
+            .iter()
+            .map(|((partition, group), readers)| {
+                let next = readers
+                    .held
+                    .iter()
+                    .map(|(.., n)| n.load(Ordering::Relaxed))
+                    .max()
+                    .unwrap_or(0);
+                (*partition, group.clone(), next)
+            })
+            .collect()
     }
 }
 

@@ -141,6 +141,7 @@ impl Delivery {
         if fetched.len() >= self.requested {
             self.want = true;
         }
+        metrics::counter!("ferrohub_c2d_delivered_total").increment(fetched.len() as u64);
         for d in fetched {
             let mut props = c2d_message::device_properties(&self.device_id, &d);
             if self.mode == SettleMode::Explicit {

@@ -71,6 +71,8 @@ enum End {
     Shutdown,
     Violation(String),
     StoreFailed(String),
+    /// D2C throttle, fair share or daily quota: MQTT 3.1.1 has no refusal for a PUBLISH.
+    Throttled(String),
 }
 
 /// Queued work of this connection: the packets to send when it completes, or why the
@@ -91,6 +93,9 @@ struct Connection<IO> {
     c2d_wake: std::sync::Arc<tokio::sync::Notify>,
     /// This connection's ordered path for telemetry (see [`AppendLane`]).
     lane: AppendLane,
+    /// How long this device has been held to its D2C fair share lately, and when last.
+    held: Duration,
+    last_held: Option<Instant>,
 }
 
 fn keep_alive_timeout(keep_alive: u16) -> Option<Duration> {
@@ -152,6 +157,17 @@ where
             return;
         }
     };
+    // A device refused for D2C excess stays away for its retry-after (THR-2).
+    if let Some(wait) = ctx.throttles.d2c.penalty(&auth.who.device_id) {
+        tracing::info!(peer = %peer.addr, client_id = connect.client_identifier(), retry_after = ?wait, "CONNECT refused: the device is held back for D2C excess");
+        let _ = framed
+            .send(ConnackPacket::new(
+                false,
+                ConnectReturnCode::ServiceUnavailable,
+            ))
+            .await;
+        return;
+    }
     let client_id = auth.who.client_id();
     let (outbound_tx, outbound) = mpsc::channel(OUTBOUND_QUEUE);
     let registration = ctx.connections.register(&auth.who, outbound_tx);
@@ -217,6 +233,8 @@ where
         c2d: Delivery::new(settle_mode, auth.who.device_id.clone()),
         c2d_wake: std::sync::Arc::clone(&registration.c2d_wake),
         lane: ctx.telemetry_lane(),
+        held: Duration::ZERO,
+        last_held: None,
     };
     let end = conn
         .serve(
@@ -225,6 +243,10 @@ where
             &shutdown,
         )
         .await;
+    if matches!(end, End::Throttled(_)) {
+        // What was admitted before the refusal is acknowledged before the connection closes.
+        conn.flush_pending().await;
+    }
     tracing::info!(%client_id, reason = ?end, "connection ended");
     open.decrement(1.0);
     conn.c2d.close(&ctx).await;
@@ -402,6 +424,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         };
         match inbound {
             Inbound::Telemetry { bag } => {
+                if let Some(end) = self.admit_telemetry(p.payload().len()).await {
+                    return Some(end);
+                }
+                let received = Instant::now();
                 let properties = match property_bag::parse(bag) {
                     Ok(props) => props,
                     Err(e) => return Some(End::Violation(e.to_string())),
@@ -425,6 +451,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     .await;
                 self.pending.push_back(Box::pin(async move {
                     appended.await.map_err(|e| e.to_string())?;
+                    metrics::histogram!("ferrohub_mqtt_puback_seconds")
+                        .record(received.elapsed().as_secs_f64());
                     Ok(pkid
                         .map(|id| PubackPacket::new(id).into())
                         .into_iter()
@@ -481,6 +509,58 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 None
             }
         }
+    }
+
+    /// Sends the answers of queued work, for at most a few seconds.
+    async fn flush_pending(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while let Ok(Some(Ok(packets))) =
+            tokio::time::timeout_at(deadline, self.pending.next()).await
+        {
+            for p in packets {
+                if self.framed.send(p).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Counts a telemetry message against the daily quota and admits it under the D2C budget
+    /// and this device's fair share; the end of the connection when it is refused.
+    async fn admit_telemetry(&mut self, bytes: usize) -> Option<End> {
+        let throttles = &self.ctx.throttles;
+        if let Err(q) = throttles.quota.charge(self.ctx.clock.now(), bytes) {
+            return Some(End::Throttled(format!(
+                "IotHubQuotaExceeded (403002): the daily message quota is used up until {}",
+                crate::clock::iso7(q.resets_at)
+            )));
+        }
+        // Holds separated by a quiet spell as long as the hold limit are forgiven.
+        if self
+            .last_held
+            .is_some_and(|at| at.elapsed() > throttles.d2c.hold_limit())
+        {
+            self.held = Duration::ZERO;
+        }
+        match throttles
+            .d2c
+            .admit(&self.auth.who.device_id, self.held)
+            .await
+        {
+            Ok(admitted) if admitted.held.is_zero() => {}
+            Ok(admitted) => {
+                self.held += admitted.held;
+                self.last_held = Some(Instant::now());
+            }
+            Err(refusal) => {
+                return Some(End::Throttled(format!(
+                    "ThrottlingException (429001): {refusal:?}; retry after {:.1} s",
+                    refusal.retry_after().as_secs_f64()
+                )))
+            }
+        }
+        metrics::counter!("ferrohub_d2c_bytes_total").increment(bytes as u64);
+        None
     }
 
     /// Pushes a hub-initiated message, if the session subscribed to its feature.

@@ -3,6 +3,9 @@
 //! notification topic. Responses go to the requesting session whether or not it subscribed to
 //! `$iothub/twin/res/#` (the SDK's first GET may come before its subscription).
 //!
+//! A request over its throttle is answered 429 (the daily quota used up, 403) and changes
+//! nothing.
+//!
 //! A request's answer is produced by a future queued behind the connection's earlier work, so
 //! answers keep the order of requests. A failure is an error status to the device, never a
 //! closed connection.
@@ -13,6 +16,7 @@ use mqtt::TopicName;
 use serde_json::{Map, Value};
 
 use super::topics::Identity;
+use crate::hub::throttle::Operation;
 use crate::hub::HubContext;
 
 /// Packets to send, in order, once a queued piece of work completes.
@@ -61,8 +65,44 @@ fn answer(pkid: Option<u16>, topic: String, body: Vec<u8>) -> Packets {
     out
 }
 
+/// Admits a twin operation under its throttle (429 on excess) and the daily quota (403 when
+/// used up), or the answer refusing it.
+async fn refusal(
+    ctx: &HubContext,
+    op: Operation,
+    bytes: usize,
+    rid: &str,
+    pkid: Option<u16>,
+) -> Option<Packets> {
+    let (status, body) = if let Err(t) = ctx.throttles.admit(op).await {
+        let body = serde_json::json!({
+            "errorCode": 429001,
+            "message": format!("ThrottlingException: the {} throttle is exceeded", op.name()),
+            "retryAfterSeconds": t.retry_after.as_secs().max(1),
+        });
+        (429, body)
+    } else if let Err(q) = ctx.throttles.quota.charge(ctx.clock.now(), bytes) {
+        let body = serde_json::json!({
+            "errorCode": 403002,
+            "message": format!("IotHubQuotaExceeded: the daily message quota is used up until {}", crate::clock::iso7(q.resets_at)),
+        });
+        (403, body)
+    } else {
+        metrics::counter!("ferrohub_twin_operations_total", "operation" => op.name()).increment(1);
+        return None;
+    };
+    Some(answer(
+        pkid,
+        response_topic(status, rid, None),
+        body.to_string().into_bytes(),
+    ))
+}
+
 /// `$iothub/twin/GET/?$rid=`: `{"desired": {...}, "reported": {...}}` with status 200.
 pub async fn get(ctx: HubContext, who: Identity, rid: String, pkid: Option<u16>) -> Packets {
+    if let Some(refused) = refusal(&ctx, Operation::TwinRead, 0, &rid, pkid).await {
+        return refused;
+    }
     let result = ctx
         .store
         .run(move |s| s.get_twin(&who.device_id, who.module_id.as_deref()))
@@ -96,6 +136,9 @@ pub async fn patch_reported(
     payload: Vec<u8>,
     pkid: Option<u16>,
 ) -> Packets {
+    if let Some(refused) = refusal(&ctx, Operation::TwinUpdate, payload.len(), &rid, pkid).await {
+        return refused;
+    }
     let patch = match serde_json::from_slice::<Value>(&payload) {
         Ok(Value::Object(m)) => m,
         _ => {

@@ -49,6 +49,8 @@ pub enum ApiError {
     Job(#[from] ferrohub_engine::jobs::JobError),
     #[error("the {} throttle is exceeded; retry after {:.1} s", .0.operation.name(), .0.retry_after.as_secs_f64())]
     Throttled(crate::hub::throttle::Throttled),
+    #[error("the daily message quota is used up until {}", crate::clock::iso7(.0.resets_at))]
+    QuotaExceeded(crate::hub::daily_quota::QuotaExceeded),
 }
 
 impl Reject for ApiError {}
@@ -106,6 +108,7 @@ impl ApiError {
             ApiError::Throttled(_) => {
                 (StatusCode::TOO_MANY_REQUESTS, "ThrottlingException", 429001)
             }
+            ApiError::QuotaExceeded(_) => (StatusCode::FORBIDDEN, "IotHubQuotaExceeded", 403002),
             ApiError::Job(e) => {
                 use ferrohub_engine::jobs::JobError as E;
                 match e {

@@ -120,6 +120,8 @@ async fn invoke(
             payload,
         })
         .await;
+    ctx.connections.note_depth(&target);
+    metrics::counter!("ferrohub_method_calls_total").increment(1);
     if sent.is_err() {
         ctx.methods.abandon(&client_id, &rid);
         return Ok(error(

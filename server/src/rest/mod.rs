@@ -30,9 +30,11 @@ use warp::filters::BoxedFilter;
 use warp::{Filter, Rejection};
 
 use crate::auth::{AuthError, Principal};
-use crate::hub::throttle::Operation;
+use crate::hub::throttle::{Operation, Throttled};
 use crate::hub::{AuthFailure, HubContext};
+use crate::ids::DeviceId;
 use error::ApiError;
+use std::time::Duration;
 
 /// Largest REST body accepted (bulk requests of 100 identities fit easily).
 const MAX_BODY_BYTES: u64 = 4 << 20;
@@ -152,7 +154,7 @@ fn classify(method: &warp::http::Method, path: &str) -> Option<Operation> {
         }
         ["devices", _, "messages", "deviceBound", ..] => Some(Operation::C2dReceive),
         ["devices", _, "messages", "events"]
-        | ["devices", _, "modules", _, "messages", "events"] => None,
+        | ["devices", _, "modules", _, "messages", "events"] => Some(Operation::D2cSend),
         ["devices", _, "files", ..] => None,
         ["twins", _, "methods"] | ["twins", _, "modules", _, "methods"] => Some(Operation::Method),
         ["twins", ..] if method == Method::GET => Some(Operation::TwinRead),
@@ -163,22 +165,58 @@ fn classify(method: &warp::http::Method, path: &str) -> Option<Operation> {
     }
 }
 
-/// Admits the request under its operation's throttle, or refuses it with 429 and Retry-After.
+/// Whether an operation's messages count against the daily quota (IoT Hub meters messages,
+/// twin operations and method calls).
+fn metered(op: Operation) -> bool {
+    matches!(
+        op,
+        Operation::D2cSend
+            | Operation::C2dSend
+            | Operation::TwinRead
+            | Operation::TwinUpdate
+            | Operation::Method
+    )
+}
+
+/// Admits the request under its operation's throttle (D2C sends under the device's fair
+/// share), or refuses it with 429 and Retry-After; then counts a metered request against the
+/// daily quota (403 IotHubQuotaExceeded when used up).
 fn throttle(ctx: Context) -> impl Filter<Extract = (), Error = Rejection> + Clone {
     warp::method()
         .and(warp::path::full())
+        .and(warp::header::optional::<u64>("content-length"))
         .and_then(
-            move |method: warp::http::Method, path: warp::path::FullPath| {
+            move |method: warp::http::Method, path: warp::path::FullPath, length: Option<u64>| {
                 let ctx = ctx.clone();
                 async move {
-                    match classify(&method, path.as_str()) {
-                        Some(op) => ctx
-                            .throttles
-                            .admit(op)
+                    let Some(op) = classify(&method, path.as_str()) else {
+                        return Ok(());
+                    };
+                    let throttles = &ctx.throttles;
+                    let admitted = if op == Operation::D2cSend {
+                        let device = path.as_str().trim_matches('/').split('/').nth(1);
+                        let device = DeviceId::new(device.unwrap_or_default());
+                        throttles
+                            .d2c
+                            .admit(&device, Duration::ZERO)
                             .await
-                            .map_err(|t| warp::reject::custom(ApiError::Throttled(t))),
-                        None => Ok(()),
+                            .map(drop)
+                            .map_err(|r| Throttled {
+                                operation: op,
+                                retry_after: r.retry_after(),
+                            })
+                    } else {
+                        throttles.admit(op).await
+                    };
+                    admitted.map_err(|t| warp::reject::custom(ApiError::Throttled(t)))?;
+                    if metered(op) {
+                        let bytes = length.unwrap_or(0) as usize;
+                        throttles
+                            .quota
+                            .charge(ctx.clock.now(), bytes)
+                            .map_err(|q| warp::reject::custom(ApiError::QuotaExceeded(q)))?;
                     }
+                    Ok::<(), Rejection>(())
                 }
             },
         )

@@ -119,11 +119,29 @@ async fn refresh(ctx: &HubContext) {
         metrics::gauge!("process_open_fds").set(fds as f64);
     }
     metrics::gauge!("ferrohub_connected_devices").set(ctx.connections.connected_devices() as f64);
+    metrics::gauge!("ferrohub_outbound_queue_high_water")
+        .set(ctx.connections.outbound_high_water() as f64);
+    let positions = ctx.readers.positions();
     let stats = ctx
         .store
-        .run(|s| Ok::<_, ferrohub_engine::StorageError>((s.commit_stats(), s.storage_stats())))
+        .run(move |s| {
+            let ends = positions
+                .into_iter()
+                .filter_map(|(p, group, next)| {
+                    let end = s.next_sequence_number(p).ok()?;
+                    Some((p, group, end.saturating_sub(next)))
+                })
+                .collect::<Vec<_>>();
+            Ok::<_, ferrohub_engine::StorageError>((s.commit_stats(), s.storage_stats(), ends))
+        })
         .await;
-    if let Ok((commits, storage)) = stats {
+    if let Ok((commits, storage, lags)) = stats {
+        for (partition, group, lag) in lags {
+            metrics::gauge!("ferrohub_d2c_consumer_lag_events", "partition" => partition.to_string(), "consumer_group" => group)
+                .set(lag as f64);
+        }
+        metrics::gauge!("ferrohub_c2d_messages_queued_estimate")
+            .set(storage.c2d_messages_estimate as f64);
         metrics::counter!("ferrohub_commits_total").absolute(commits.commits);
         metrics::counter!("ferrohub_commit_writes_total").absolute(commits.writes);
         if commits.writes > 0 {
