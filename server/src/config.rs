@@ -337,6 +337,7 @@ pub struct ThrottlingSection {
     pub methods_per_second: Option<u32>,
     pub jobs_per_minute: Option<u32>,
     pub d2c_sends_per_second: Option<u32>,
+    pub queries_per_minute: Option<u32>,
     /// The daily message quota in chunks (4 KB; 0.5 KB on the free tier), reset at 00:00 UTC.
     pub daily_messages: Option<u64>,
     /// A device held to its D2C fair share for this long without a break is disconnected
@@ -360,6 +361,7 @@ impl Default for ThrottlingSection {
             methods_per_second: None,
             jobs_per_minute: None,
             d2c_sends_per_second: None,
+            queries_per_minute: None,
             daily_messages: None,
             fair_share_hold: Duration::from_secs(5),
         }

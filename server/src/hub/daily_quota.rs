@@ -9,6 +9,8 @@
 //! - The count lives in memory: a restart starts the day's count again (documented in
 //!   docs/operations.md). `unlimited` has no quota.
 
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
 use ferrohub_engine::UnixMillis;
 use parking_lot::Mutex;
 
@@ -43,17 +45,15 @@ pub fn chunk_bytes(tier: Tier) -> usize {
     }
 }
 
-#[derive(Debug, Default)]
-struct Day {
-    index: i64,
-    used: u64,
-}
-
 /// The hub's daily quota.
 pub struct DailyQuota {
     limit: Option<u64>,
     chunk: usize,
-    day: Mutex<Day>,
+    /// The day (days since the epoch, UTC) `used` counts, and the chunks used on it; a day
+    /// change is rare and taken under the lock, counting is one atomic update.
+    day: Mutex<i64>,
+    day_index: AtomicI64,
+    used: AtomicU64,
 }
 
 impl DailyQuota {
@@ -63,8 +63,15 @@ impl DailyQuota {
                 .daily_messages
                 .or_else(|| tier_quota(section.tier, section.units)),
             chunk: chunk_bytes(section.tier),
-            day: Mutex::new(Day::default()),
+            day: Mutex::new(0),
+            day_index: AtomicI64::new(0),
+            used: AtomicU64::new(0),
         }
+    }
+
+    /// Chunks counted today, for the metrics.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
     }
 
     /// Counts a message of `bytes` (at least one chunk) at time `now`.
@@ -77,18 +84,25 @@ impl DailyQuota {
         };
         let chunks = bytes.div_ceil(self.chunk).max(1) as u64;
         let index = now.0.div_euclid(DAY_MS);
-        let mut day = self.day.lock();
-        if day.index != index {
-            *day = Day { index, used: 0 };
+        if self.day_index.load(Ordering::Acquire) != index {
+            let mut day = self.day.lock();
+            if *day != index {
+                *day = index;
+                self.used.store(0, Ordering::Release);
+                self.day_index.store(index, Ordering::Release);
+            }
         }
-        if day.used + chunks > limit {
+        let counted = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                (used + chunks <= limit).then_some(used + chunks)
+            });
+        if counted.is_err() {
             metrics::counter!("ferrohub_quota_refused_total").increment(1);
             return Err(QuotaExceeded {
                 resets_at: UnixMillis((index + 1) * DAY_MS),
             });
         }
-        day.used += chunks;
-        metrics::gauge!("ferrohub_daily_quota_used_chunks").set(day.used as f64);
         Ok(())
     }
 }

@@ -62,28 +62,34 @@ impl D2cRefusal {
 
 /// Devices that sent in the current and the previous window of one second.
 struct ActiveSenders {
-    window_start: Instant,
+    window: u64,
     current: HashSet<DeviceId>,
     previous: usize,
 }
 
 impl ActiveSenders {
-    fn touch(&mut self, device: &DeviceId, now: Instant) -> usize {
-        let age = now.duration_since(self.window_start);
-        if age >= Duration::from_secs(1) {
-            self.previous = if age < Duration::from_secs(2) {
+    fn touch(&mut self, device: &DeviceId, window: u64) -> usize {
+        if window != self.window {
+            self.previous = if window == self.window + 1 {
                 self.current.len()
             } else {
                 0
             };
             self.current.clear();
-            self.window_start = now;
+            self.window = window;
         }
         if !self.current.contains(device) {
             self.current.insert(device.clone());
         }
         self.current.len().max(self.previous).max(1)
     }
+}
+
+/// Where a sender was last counted among the active senders: a connection keeps one, so that
+/// it takes the shared set's lock once a second rather than once a message.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SenderMark {
+    window: Option<u64>,
 }
 
 /// The hub budget, reporting what is left after each admission.
@@ -99,6 +105,8 @@ struct Budget {
     burst: u32,
     interval: Duration,
     active: Mutex<ActiveSenders>,
+    /// The active senders' count as of the last touch.
+    active_count: AtomicU64,
     /// Until when (nanoseconds after `epoch`) the budget counts as contended.
     pressure_until: AtomicU64,
     waiting: AtomicU64,
@@ -129,10 +137,11 @@ impl FairShare {
                 burst: burst.get(),
                 interval: Duration::from_secs(1) / burst.get(),
                 active: Mutex::new(ActiveSenders {
-                    window_start: Instant::now(),
+                    window: 0,
                     current: HashSet::new(),
                     previous: 0,
                 }),
+                active_count: AtomicU64::new(1),
                 pressure_until: AtomicU64::new(0),
                 waiting: AtomicU64::new(0),
                 epoch: Instant::now(),
@@ -178,12 +187,21 @@ impl FairShare {
     pub async fn admit(
         &self,
         device: &DeviceId,
+        mark: &mut SenderMark,
         held_so_far: Duration,
     ) -> Result<Admitted, D2cRefusal> {
         let Some(b) = &self.budget else {
             return Ok(Admitted::default());
         };
-        let active = b.active.lock().touch(device, Instant::now());
+        let window = b.epoch.elapsed().as_secs();
+        let active = if mark.window == Some(window) {
+            b.active_count.load(Ordering::Relaxed) as usize
+        } else {
+            let n = b.active.lock().touch(device, window);
+            b.active_count.store(n as u64, Ordering::Relaxed);
+            mark.window = Some(window);
+            n
+        };
         let cost = NonZeroU32::new(active.clamp(1, b.burst as usize) as u32).expect("at least 1");
         let mut held = Duration::ZERO;
         let within_share = matches!(b.per_device.check_key_n(device, cost), Ok(Ok(())));
@@ -290,7 +308,9 @@ mod tests {
     async fn unlimited_admits_everything() {
         let f = FairShare::new(None, Duration::from_millis(250), Duration::from_secs(5));
         for _ in 0..100_000 {
-            f.admit(&device(0), Duration::ZERO).await.unwrap();
+            f.admit(&device(0), &mut SenderMark::default(), Duration::ZERO)
+                .await
+                .unwrap();
         }
         assert!(!f.is_limited() && f.penalty(&device(0)).is_none());
     }
@@ -300,7 +320,9 @@ mod tests {
         let f = share(100, Duration::from_secs(5));
         let started = Instant::now();
         for _ in 0..150 {
-            f.admit(&device(0), Duration::ZERO).await.unwrap();
+            f.admit(&device(0), &mut SenderMark::default(), Duration::ZERO)
+                .await
+                .unwrap();
         }
         // The burst (100) passes, then 50 at 100/s.
         let took = started.elapsed();
@@ -313,12 +335,14 @@ mod tests {
         let f = share(100, Duration::from_millis(600));
         // Ten devices active: each one's share is 10/s.
         for n in 1..10 {
-            f.admit(&device(n), Duration::ZERO).await.unwrap();
+            f.admit(&device(n), &mut SenderMark::default(), Duration::ZERO)
+                .await
+                .unwrap();
         }
         let flooder = device(0);
-        let mut held = Duration::ZERO;
+        let (mut held, mut mark) = (Duration::ZERO, SenderMark::default());
         let refusal = loop {
-            match f.admit(&flooder, held).await {
+            match f.admit(&flooder, &mut mark, held).await {
                 Ok(a) => held += a.held,
                 Err(r) => break r,
             }
@@ -330,7 +354,9 @@ mod tests {
         assert!(f.penalty(&flooder).is_some(), "refused for a while");
         // A quiet device is still admitted at once.
         let quiet = Instant::now();
-        f.admit(&device(3), Duration::ZERO).await.unwrap();
+        f.admit(&device(3), &mut SenderMark::default(), Duration::ZERO)
+            .await
+            .unwrap();
         assert!(quiet.elapsed() < Duration::from_millis(100));
     }
 }

@@ -18,6 +18,7 @@ pub enum Operation {
     Method,
     Jobs,
     D2cSend,
+    Query,
 }
 
 impl Operation {
@@ -32,6 +33,7 @@ impl Operation {
             Operation::Method => "method",
             Operation::Jobs => "jobs",
             Operation::D2cSend => "d2c_send",
+            Operation::Query => "query",
         }
     }
 }
@@ -92,6 +94,8 @@ pub fn tier_rate(tier: Tier, units: u32, op: Operation) -> Option<Rate> {
         (T::S2, O::Method) => per_second(60 * u),
         (T::S3, O::Method) => per_second(24_000 * u),
         (T::S3, O::Jobs) => per_minute(5_000 * u),
+        (T::S3, O::Query) => per_minute(1_000 * u),
+        (_, O::Query) => per_minute(20 * u),
         (_, O::Jobs) => per_minute(100 * u),
     })
 }

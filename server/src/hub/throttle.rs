@@ -36,6 +36,7 @@ fn override_of(section: &ThrottlingSection, op: Operation) -> Option<Rate> {
         Operation::Method => s.methods_per_second.map(per_second),
         Operation::Jobs => s.jobs_per_minute.map(per_minute),
         Operation::D2cSend => s.d2c_sends_per_second.map(per_second),
+        Operation::Query => s.queries_per_minute.map(per_minute),
     }
 }
 
@@ -58,7 +59,7 @@ pub struct Throttles {
 }
 
 /// The operations admitted through [`Throttles::admit`]; D2C sends go through [`FairShare`].
-const ALL: [Operation; 8] = [
+const ALL: [Operation; 9] = [
     Operation::Registry,
     Operation::C2dSend,
     Operation::C2dReceive,
@@ -67,6 +68,7 @@ const ALL: [Operation; 8] = [
     Operation::TwinUpdate,
     Operation::Method,
     Operation::Jobs,
+    Operation::Query,
 ];
 
 impl Throttles {

@@ -96,6 +96,7 @@ struct Connection<IO> {
     /// How long this device has been held to its D2C fair share lately, and when last.
     held: Duration,
     last_held: Option<Instant>,
+    sender_mark: crate::hub::fair_share::SenderMark,
 }
 
 fn keep_alive_timeout(keep_alive: u16) -> Option<Duration> {
@@ -235,6 +236,7 @@ where
         lane: ctx.telemetry_lane(),
         held: Duration::ZERO,
         last_held: None,
+        sender_mark: Default::default(),
     };
     let end = conn
         .serve(
@@ -544,7 +546,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         }
         match throttles
             .d2c
-            .admit(&self.auth.who.device_id, self.held)
+            .admit(&self.auth.who.device_id, &mut self.sender_mark, self.held)
             .await
         {
             Ok(admitted) if admitted.held.is_zero() => {}

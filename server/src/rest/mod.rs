@@ -156,6 +156,7 @@ fn classify(method: &warp::http::Method, path: &str) -> Option<Operation> {
         ["devices", _, "messages", "events"]
         | ["devices", _, "modules", _, "messages", "events"] => Some(Operation::D2cSend),
         ["devices", _, "files", ..] => None,
+        ["devices", "query"] if method == Method::POST => Some(Operation::Query),
         ["twins", _, "methods"] | ["twins", _, "modules", _, "methods"] => Some(Operation::Method),
         ["twins", ..] if method == Method::GET => Some(Operation::TwinRead),
         ["twins", ..] => Some(Operation::TwinUpdate),
@@ -198,7 +199,7 @@ fn throttle(ctx: Context) -> impl Filter<Extract = (), Error = Rejection> + Clon
                         let device = DeviceId::new(device.unwrap_or_default());
                         throttles
                             .d2c
-                            .admit(&device, Duration::ZERO)
+                            .admit(&device, &mut Default::default(), Duration::ZERO)
                             .await
                             .map(drop)
                             .map_err(|r| Throttled {

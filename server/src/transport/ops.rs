@@ -119,6 +119,7 @@ async fn refresh(ctx: &HubContext) {
         metrics::gauge!("process_open_fds").set(fds as f64);
     }
     metrics::gauge!("ferrohub_connected_devices").set(ctx.connections.connected_devices() as f64);
+    metrics::gauge!("ferrohub_daily_quota_used_chunks").set(ctx.throttles.quota.used() as f64);
     metrics::gauge!("ferrohub_outbound_queue_high_water")
         .set(ctx.connections.outbound_high_water() as f64);
     let positions = ctx.readers.positions();
