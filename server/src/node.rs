@@ -254,6 +254,10 @@ fn local(l: &TcpListener) -> Result<SocketAddr, NodeError> {
     l.local_addr().map_err(|e| NodeError::Other(e.to_string()))
 }
 
+/// How long the operations listener keeps answering (503) after readiness went false, at
+/// least: a drain that ends sooner waits out the rest.
+const READINESS_LINGER: Duration = Duration::from_millis(500);
+
 /// Runs the node until `shutdown` is cancelled, then drains and closes the store.
 pub async fn serve(
     data_dir: &Path,
@@ -343,6 +347,7 @@ pub async fn serve(
     readiness.set(true);
     shutdown.cancelled().await;
     readiness.set(false);
+    let not_ready_since = tokio::time::Instant::now();
     tracing::info!("shutting down: no new connections; draining");
     for t in listeners {
         let _ = t.await;
@@ -360,6 +365,8 @@ pub async fn serve(
         .await
         .map_err(|e| NodeError::Other(e.to_string()))?;
     tracing::info!("store closed");
+    // A readiness probe needs a moment to see "not ready" before the listener goes away.
+    tokio::time::sleep_until(not_ready_since + READINESS_LINGER).await;
     ops_stop.cancel();
     let _ = ops_task.await;
     Ok(())
