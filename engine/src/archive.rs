@@ -52,9 +52,26 @@ impl Store {
             }
             None => Vec::new(),
         };
+        self.page_from(&from, limit)
+    }
+
+    /// As [`Store::archive_page`], from the device `first` on (itself included if it exists):
+    /// for readers that stopped inside a device's modules.
+    ///
+    /// # Errors
+    /// Storage errors (a corrupt record included).
+    pub fn archive_page_from(
+        &self,
+        first: &str,
+        limit: usize,
+    ) -> Result<Vec<DeviceRecords>, StorageError> {
+        self.page_from(&keys::device(first), limit)
+    }
+
+    fn page_from(&self, from: &[u8], limit: usize) -> Result<Vec<DeviceRecords>, StorageError> {
         let mut ids = Vec::with_capacity(limit);
         self.raw
-            .scan_records::<Identity>(cf::DEVICES, &from, None, |_, d| {
+            .scan_records::<Identity>(cf::DEVICES, from, None, |_, d| {
                 ids.push(d.device_id);
                 ids.len() < limit
             })?;

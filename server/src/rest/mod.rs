@@ -15,6 +15,7 @@ mod identities;
 pub mod identity_json;
 pub mod jobs;
 mod methods;
+mod query;
 pub mod reply;
 mod routing;
 mod statistics;
@@ -226,6 +227,7 @@ fn throttle(ctx: Context) -> impl Filter<Extract = (), Error = Rejection> + Clon
 
 fn table(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
     reply::first_of([
+        query::routes(ctx.clone()),
         identities::routes(ctx.clone()),
         statistics::routes(ctx.clone()),
         telemetry::routes(ctx.clone()),

@@ -42,6 +42,12 @@ pub(crate) enum Expr {
     /// A left-associative run of operators of one precedence level: `a op b op c`.
     Chain(Box<Expr>, Vec<(BinOp, Expr)>),
     Call(Func, Vec<Expr>),
+    /// `expr IN [constants]`, or `NIN` when `negated` (twin query dialect).
+    In {
+        expr: Box<Expr>,
+        list: Vec<Value>,
+        negated: bool,
+    },
 }
 
 impl Expr {
@@ -57,6 +63,24 @@ impl Expr {
             }
             Expr::Chain(first, rest) => {
                 first.reads_twin() || rest.iter().any(|(_, e)| e.reads_twin())
+            }
+            Expr::In { expr, .. } => expr.reads_twin(),
+        }
+    }
+
+    /// Calls `visit` on every document path (`Body`) in the tree, to rewrite it.
+    pub(crate) fn visit_paths(&mut self, visit: &mut impl FnMut(&mut Vec<Step>)) {
+        match self {
+            Expr::Body(steps) => visit(steps),
+            Expr::Literal(_) | Expr::System(_) | Expr::App(_) | Expr::Twin { .. } => {}
+            Expr::Not(e) | Expr::Neg(e) => e.visit_paths(visit),
+            Expr::In { expr, .. } => expr.visit_paths(visit),
+            Expr::And(terms) | Expr::Or(terms) | Expr::Call(_, terms) => {
+                terms.iter_mut().for_each(|t| t.visit_paths(visit))
+            }
+            Expr::Chain(first, rest) => {
+                first.visit_paths(visit);
+                rest.iter_mut().for_each(|(_, e)| e.visit_paths(visit));
             }
         }
     }
@@ -134,6 +158,18 @@ impl Func {
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|&(_, f)| f)
+    }
+
+    /// A function of the twin query dialect, which spells `STARTSWITH` and `ENDSWITH` without
+    /// the underscore (and refuses the routing spelling, as IoT Hub does).
+    pub(crate) fn lookup_twin(name: &str) -> Option<Func> {
+        if name.eq_ignore_ascii_case("startswith") {
+            return Some(Func::StartsWith);
+        }
+        if name.eq_ignore_ascii_case("endswith") {
+            return Some(Func::EndsWith);
+        }
+        Func::lookup(name).filter(|f| !matches!(f, Func::StartsWith | Func::EndsWith))
     }
 
     fn name(self) -> &'static str {

@@ -35,6 +35,9 @@ pub enum QueryError {
     },
     #[error("at {pos}: found ')' without a matching '('")]
     UnmatchedParen { pos: usize },
+    /// A statement-level mistake of a twin query (clause order, aggregates, names).
+    #[error("at {pos}: {message}")]
+    Invalid { pos: usize, message: String },
     #[error("at {pos}: unknown function '{name}'")]
     UnknownFunction { pos: usize, name: String },
     #[error("at {pos}: {function} takes {expected} but was given {given}")]

@@ -78,6 +78,17 @@ impl Expr {
                 let values: Vec<Eval<'a>> = args.iter().map(|a| a.eval(m)).collect();
                 owned(func.apply(&values))
             }
+            Expr::In {
+                expr,
+                list,
+                negated,
+            } => {
+                let value = expr.eval(m)?;
+                let found = list
+                    .iter()
+                    .any(|c| compare(BinOp::Eq, &value, c) == Some(true));
+                owned(Some(Value::Bool(found != *negated)))
+            }
         }
     }
 }

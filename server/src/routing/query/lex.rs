@@ -10,6 +10,8 @@
 //! - `[` is context-sensitive, and the one place the lexer looks back: after `$name`, `]` or
 //!   `.field` it continues a `$body`/`$twin` path ([`Tok::LBracket`]); anywhere else it opens
 //!   a bracketed application property name, read up to the next `]` ([`Tok::Bracketed`]).
+//!   In the twin query dialect ([`tokenize_twin`]) `[` is always [`Tok::LBracket`] (an index
+//!   or an array constant) and `[[name]]` is a quoted field name ([`Tok::Bracketed`]).
 
 use serde_json::Number;
 
@@ -118,6 +120,7 @@ struct Lexer {
     chars: Vec<char>,
     at: usize,
     tokens: Vec<Token>,
+    twin: bool,
 }
 
 /// The tokens of `text`, always ending with [`Tok::End`].
@@ -125,15 +128,24 @@ struct Lexer {
 /// # Errors
 /// The first character that starts no token, or a malformed string, number or name.
 pub(crate) fn tokenize(text: &str) -> Result<Vec<Token>, QueryError> {
-    Lexer::tokenize(text)
+    Lexer::tokenize(text, false)
+}
+
+/// The tokens of a twin query (see the module doc for how `[` differs).
+///
+/// # Errors
+/// As [`tokenize`].
+pub(crate) fn tokenize_twin(text: &str) -> Result<Vec<Token>, QueryError> {
+    Lexer::tokenize(text, true)
 }
 
 impl Lexer {
-    fn tokenize(text: &str) -> Result<Vec<Token>, QueryError> {
+    fn tokenize(text: &str, twin: bool) -> Result<Vec<Token>, QueryError> {
         let mut lexer = Lexer {
             chars: text.chars().collect(),
             at: 0,
             tokens: Vec::new(),
+            twin,
         };
         while let Some(c) = lexer.peek(0) {
             if c.is_whitespace() {
@@ -169,7 +181,8 @@ impl Lexer {
             '\'' | '"' => self.string(c),
             '0'..='9' => self.number(),
             '$' => self.system_name(),
-            '[' if !bracket_is_index(&self.tokens) => self.bracketed_name(),
+            '[' if self.twin && self.peek(1) == Some('[') => self.quoted_name(),
+            '[' if !self.twin && !bracket_is_index(&self.tokens) => self.bracketed_name(),
             c if c.is_alphabetic() || c == '_' => Ok(Tok::Ident(
                 self.take_while(|c| c.is_alphanumeric() || c == '_'),
             )),
@@ -320,6 +333,30 @@ impl Lexer {
         }
         self.at += 1;
         if name.trim().is_empty() {
+            return Err(QueryError::EmptyName { pos: start });
+        }
+        Ok(Tok::Bracketed(name))
+    }
+}
+
+impl Lexer {
+    /// `[[name]]`: a field name that need not be an identifier (twin dialect).
+    fn quoted_name(&mut self) -> Result<Tok, QueryError> {
+        let start = self.at;
+        self.at += 2;
+        let mut name = String::new();
+        loop {
+            match (self.peek(0), self.peek(1)) {
+                (Some(']'), Some(']')) => break,
+                (Some(c), _) => {
+                    name.push(c);
+                    self.at += 1;
+                }
+                (None, _) => return Err(QueryError::UnterminatedName { pos: start }),
+            }
+        }
+        self.at += 2;
+        if name.is_empty() {
             return Err(QueryError::EmptyName { pos: start });
         }
         Ok(Tok::Bracketed(name))

@@ -29,6 +29,9 @@
 //! - `value`: undefined, and number semantics shared by operators, functions and the parser.
 //! - `functions`: the built-in functions, their arity and results.
 //! - `error`: [`QueryError`].
+//! - `statement`: the twin query language's `SELECT … FROM … WHERE … GROUP BY …`
+//!   ([`Statement`]), on the expression grammar in its twin dialect (document paths, `IN`/`NIN`,
+//!   `STARTSWITH`/`ENDSWITH`); `project`: WHERE, the select list and aggregation over rows.
 //!
 //! # Invariants
 //! - Parsing either succeeds or returns a [`QueryError`] that starts with the position; no
@@ -49,6 +52,8 @@ mod eval;
 mod functions;
 pub(crate) mod lex;
 pub(crate) mod parse;
+mod project;
+mod statement;
 #[cfg(test)]
 mod test_support;
 mod value;
@@ -56,3 +61,5 @@ mod value;
 pub use condition::Condition;
 pub use error::QueryError;
 pub use eval::MessageView;
+pub use project::Aggregation;
+pub use statement::{Collection, Statement, MAX_QUERY_LEN};

@@ -36,7 +36,7 @@
 use serde_json::Value;
 
 use super::ast::{Expr, Func, Step};
-use super::lex::{tokenize, BinOp, Tok, Token};
+use super::lex::{tokenize, tokenize_twin, BinOp, Tok, Token};
 use super::value::negate;
 use super::QueryError;
 
@@ -110,6 +110,8 @@ pub(crate) struct Cursor {
     tokens: Vec<Token>,
     at: usize,
     depth: usize,
+    /// The twin query dialect: dotted document paths, `IN`/`NIN`, `STARTSWITH`.
+    twin: bool,
 }
 
 impl Cursor {
@@ -122,7 +124,33 @@ impl Cursor {
             tokens: tokenize(text)?,
             at: 0,
             depth: 0,
+            twin: false,
         })
+    }
+
+    /// Lexes a twin query: a bare name starts a document path (`tags.location`,
+    /// `properties.reported.$metadata`, `a[0]`, `configurations.[[my id]].status`), which
+    /// parses to a `Body` path rooted at the row; `x IN [..]` / `x NIN [..]` take constants.
+    ///
+    /// # Errors
+    /// A lexical error.
+    pub(crate) fn twin(text: &str) -> Parsed<Cursor> {
+        Ok(Cursor {
+            tokens: tokenize_twin(text)?,
+            at: 0,
+            depth: 0,
+            twin: true,
+        })
+    }
+
+    /// Whether the current token is `tok`.
+    pub(crate) fn at(&self, tok: &Tok) -> bool {
+        self.peek().tok == *tok
+    }
+
+    /// Whether the token after the current one is `tok`.
+    pub(crate) fn next_is(&self, tok: &Tok) -> bool {
+        self.tokens.get(self.at + 1).is_some_and(|t| t.tok == *tok)
     }
 
     /// The current token, not consumed; `End` once the tokens are used up.
@@ -211,7 +239,18 @@ impl Cursor {
 
     fn not(&mut self) -> Parsed<Expr> {
         if !self.at_keyword("not") {
-            return self.chain(BinOp::is_comparison, Self::additive);
+            let compared = self.chain(BinOp::is_comparison, Self::additive)?;
+            if self.twin && (self.at_keyword("in") || self.at_keyword("nin")) {
+                let negated = self.at_keyword("nin");
+                self.advance();
+                let list = self.array_constant()?;
+                return Ok(Expr::In {
+                    expr: Box::new(compared),
+                    list,
+                    negated,
+                });
+            }
+            return Ok(compared);
         }
         let pos = self.advance().pos;
         let inner = self.nested(pos, Self::not)?;
@@ -285,6 +324,15 @@ impl Cursor {
             "true" => return Ok(Expr::Literal(Value::Bool(true))),
             "false" => return Ok(Expr::Literal(Value::Bool(false))),
             "null" => return Ok(Expr::Literal(Value::Null)),
+            "select" | "from" | "where" | "group" | "by" | "as" | "top" | "in" | "nin"
+                if self.twin =>
+            {
+                let token = Token {
+                    tok: Tok::Ident(name),
+                    pos,
+                };
+                return Err(unexpected(&token, "an expression"));
+            }
             "and" | "or" | "not" => {
                 let token = Token {
                     tok: Tok::Ident(name),
@@ -296,13 +344,76 @@ impl Cursor {
         }
         if self.peek().tok == Tok::LParen {
             self.call(name, pos)
+        } else if self.twin {
+            let mut steps = vec![Step::Field(name)];
+            self.document_path(&mut steps)?;
+            Ok(Expr::Body(steps))
         } else {
             Ok(Expr::App(name))
         }
     }
 
+    /// The rest of a twin query path: `.name`, `.$name`, `.[[any name]]`, `[index]`.
+    fn document_path(&mut self, steps: &mut Vec<Step>) -> Parsed<()> {
+        loop {
+            if self.eat(&Tok::Dot) {
+                let token = self.advance();
+                steps.push(Step::Field(match token.tok {
+                    Tok::Ident(name) | Tok::Bracketed(name) => name,
+                    Tok::Sys(name) => format!("${name}"),
+                    _ => return Err(unexpected(&token, "a field name after '.'")),
+                }));
+            } else if self.eat(&Tok::LBracket) {
+                steps.push(self.bracket_step()?);
+            } else {
+                return Ok(());
+            }
+        }
+    }
+
+    /// `"field"]` or `index]` after a path's `[`.
+    fn bracket_step(&mut self) -> Parsed<Step> {
+        let token = self.advance();
+        let step = match &token.tok {
+            Tok::Str(name) => Step::Field(name.clone()),
+            Tok::Num(n) => n
+                .as_u64()
+                .and_then(|i| usize::try_from(i).ok())
+                .map(Step::Index)
+                .ok_or_else(|| unexpected(&token, "a non-negative integer index"))?,
+            _ => return Err(unexpected(&token, "a quoted field name or array index")),
+        };
+        self.expect(&Tok::RBracket, "']'")?;
+        Ok(step)
+    }
+
+    /// `[constant, ...]` after `IN` / `NIN`.
+    fn array_constant(&mut self) -> Parsed<Vec<Value>> {
+        self.expect(&Tok::LBracket, "'[' opening a list of constants")?;
+        let mut list = Vec::new();
+        if self.eat(&Tok::RBracket) {
+            return Ok(list);
+        }
+        loop {
+            let token = self.peek().clone();
+            match self.unary()? {
+                Expr::Literal(value) => list.push(value),
+                _ => return Err(unexpected(&token, "a constant")),
+            }
+            if !self.eat(&Tok::Comma) {
+                self.expect(&Tok::RBracket, "',' or ']'")?;
+                return Ok(list);
+            }
+        }
+    }
+
     fn call(&mut self, name: String, pos: usize) -> Parsed<Expr> {
-        let func = Func::lookup(&name).ok_or(QueryError::UnknownFunction { pos, name })?;
+        let func = if self.twin {
+            Func::lookup_twin(&name)
+        } else {
+            Func::lookup(&name)
+        };
+        let func = func.ok_or(QueryError::UnknownFunction { pos, name })?;
         self.advance(); // '('
         let args = self.nested(pos, Self::arguments)?;
         func.check_arity(args.len(), pos)?;
@@ -358,18 +469,7 @@ impl Cursor {
                     _ => return Err(unexpected(&token, "a field name after '.'")),
                 }
             } else if self.eat(&Tok::LBracket) {
-                let token = self.advance();
-                let step = match &token.tok {
-                    Tok::Str(name) => Step::Field(name.clone()),
-                    Tok::Num(n) => n
-                        .as_u64()
-                        .and_then(|i| usize::try_from(i).ok())
-                        .map(Step::Index)
-                        .ok_or_else(|| unexpected(&token, "a non-negative integer index"))?,
-                    _ => return Err(unexpected(&token, "a quoted field name or array index")),
-                };
-                steps.push(step);
-                self.expect(&Tok::RBracket, "']'")?;
+                steps.push(self.bracket_step()?);
             } else {
                 return Ok(steps);
             }
