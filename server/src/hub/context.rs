@@ -57,6 +57,28 @@ impl HubContext {
         Ok(())
     }
 
+    /// TWN-8: pushes a twin write's desired change, as the back-end sent it with its new
+    /// `$version`, to the identity's connection if it is connected (REST writes, and later
+    /// twin jobs and configurations, all notify the same way).
+    pub fn push_desired(&self, outcome: &ferrohub_engine::twin::store::TwinOutcome) {
+        let Some((change, version)) = &outcome.desired_change else {
+            return;
+        };
+        let mut change = change.clone();
+        change.insert("$version".into(), serde_json::Value::from(*version));
+        let who = &outcome.twin.identity;
+        let client_id =
+            crate::ids::Identity::new(who.device_id.clone(), who.module_id.clone()).client_id();
+        let body = serde_json::Value::Object(change).to_string().into_bytes();
+        self.connections.notify(
+            &client_id,
+            super::connections::Outbound::DesiredPatch {
+                version: *version,
+                body,
+            },
+        );
+    }
+
     /// A new ordered lane for one connection's (or request's) device messages.
     pub fn telemetry_lane(&self) -> AppendLane {
         self.store.lane(Arc::clone(&self.d2c))

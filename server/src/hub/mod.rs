@@ -29,6 +29,7 @@ pub mod event_router;
 pub mod fair_share;
 pub mod file_uploads;
 pub mod limits;
+pub mod method_call;
 pub mod methods;
 pub mod partition_readers;
 pub mod retention;

@@ -20,7 +20,7 @@ use super::error::ApiError;
 use super::reply::{json, json_with_status, one_of, Handled, Response};
 use super::{caller, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
-use crate::hub::connections::Outbound;
+use crate::hub::method_call::{CallFailure, MethodRequest};
 use crate::ids::Identity;
 
 /// Largest request or response payload.
@@ -96,43 +96,17 @@ async fn invoke(
             None => s.get_device(&d).map(drop),
         })
         .await?;
-    let client_id = Identity::new(device, module).client_id();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(connect_timeout);
-    let target = loop {
-        if let Some(tx) = ctx.connections.method_target(&client_id) {
-            break tx;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Ok(error(
-                StatusCode::NOT_FOUND,
-                404103,
-                "DeviceNotOnline",
-                "Timed out waiting for device to connect.",
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let request = MethodRequest {
+        method: call.method_name,
+        payload,
+        connect_timeout: Duration::from_secs(connect_timeout),
+        response_timeout: Duration::from_secs(response_timeout),
     };
-    let (rid, answer) = ctx.methods.start(&client_id);
-    let sent = target
-        .send(Outbound::MethodRequest {
-            rid: rid.clone(),
-            method: call.method_name,
-            payload,
-        })
-        .await;
-    ctx.connections.note_depth(&target);
-    metrics::counter!("ferrohub_method_calls_total").increment(1);
-    if sent.is_err() {
-        ctx.methods.abandon(&client_id, &rid);
-        return Ok(error(
-            StatusCode::NOT_FOUND,
-            404103,
-            "DeviceNotOnline",
-            "The device disconnected.",
-        ));
-    }
-    match tokio::time::timeout(Duration::from_secs(response_timeout), answer).await {
-        Ok(Ok(a)) => {
+    match ctx
+        .call_method(&Identity::new(device, module), request)
+        .await
+    {
+        Ok(a) => {
             if a.payload.len() > MAX_PAYLOAD {
                 return Err(ApiError::TooLarge(
                     "the device's method response exceeds 128 KB".into(),
@@ -149,14 +123,14 @@ async fn invoke(
                 &serde_json::json!({ "status": a.status, "payload": payload }),
             ))
         }
-        _ => {
-            ctx.methods.abandon(&client_id, &rid);
-            Ok(error(
-                StatusCode::GATEWAY_TIMEOUT,
-                504101,
-                "GatewayTimeout",
-                "Timed out waiting for the response from device.",
-            ))
+        Err(failure) => {
+            let (code, name, message) = failure.iot_hub_error();
+            let status = if failure == CallFailure::Timeout {
+                StatusCode::GATEWAY_TIMEOUT
+            } else {
+                StatusCode::NOT_FOUND
+            };
+            Ok(error(status, code, name, message))
         }
     }
 }

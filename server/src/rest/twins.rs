@@ -16,8 +16,6 @@ use super::identity_json::{auth_type_name, connection_state, format_time, status
 use super::reply::{json_with_etag, one_of, Handled, Response};
 use super::{caller, if_match, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
-use crate::hub::connections::Outbound;
-use crate::ids::Identity;
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ`, the `$metadata` time format (TWN-6).
 pub fn metadata_time(t: UnixMillis) -> String {
@@ -147,15 +145,7 @@ async fn write_handler(
             }
         })
         .await?;
-    // TWN-8: push the desired change, as the back-end sent it, to a connected device.
-    if let Some((mut change, version)) = outcome.desired_change.clone() {
-        change.insert("$version".into(), Value::from(version));
-        let who = &outcome.twin.identity;
-        let client_id = Identity::new(who.device_id.clone(), who.module_id.clone()).client_id();
-        let body = Value::Object(change).to_string().into_bytes();
-        ctx.connections
-            .notify(&client_id, Outbound::DesiredPatch { version, body });
-    }
+    ctx.push_desired(&outcome);
     Ok(json_with_etag(
         &twin_json(&outcome.twin),
         &outcome.twin.record.etag,
