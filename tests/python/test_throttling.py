@@ -114,3 +114,15 @@ def test_the_default_hub_throttles_nothing(hub):
     for i in range(150):
         r = hub.request("POST", "/devices/nobody/messages/deviceBound", token, data=b"x")
         assert r.status_code == 404, r.status_code  # not 429: no device, no throttle
+
+
+def test_queries_past_20_a_minute_get_429(s1_hub):
+    token = s1_hub.token()
+    codes = []
+    for _ in range(30):
+        r = s1_hub.request("POST", "/devices/query", token, json={"query": "SELECT * FROM devices"})
+        codes.append(r.status_code)
+        if r.status_code == 429:
+            assert r.json()["errorCode"] == 429001 and int(r.headers["Retry-After"]) >= 1
+            break
+    assert codes[-1] == 429 and codes.count(200) == 20, codes
