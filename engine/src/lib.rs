@@ -51,6 +51,7 @@ pub mod model;
 pub mod notifications;
 mod raw;
 pub mod routing;
+pub mod scheduled_jobs;
 pub mod sessions;
 mod slots;
 mod stripes;
@@ -131,6 +132,8 @@ pub struct Store {
     feedback_lock: Mutex<()>,
     /// Serialises job creation and changes (see `jobs`).
     job_lock: jobs::JobLock,
+    /// Serialises scheduled-job creation and changes (see `scheduled_jobs`).
+    scheduled_job_lock: scheduled_jobs::ScheduledJobLock,
     commit_queue_depth: usize,
 }
 
@@ -235,6 +238,7 @@ impl Store {
             feedback_sequence,
             feedback_lock: Mutex::new(()),
             job_lock: jobs::JobLock::default(),
+            scheduled_job_lock: scheduled_jobs::ScheduledJobLock::default(),
             notification_hook: Default::default(),
             commit_queue_depth,
         })
