@@ -189,7 +189,11 @@ impl Services {
             routing: Arc::new(routing),
             throttles: Arc::new(hub::throttle::Throttles::new(&config.throttling)),
             uploads,
+            jobs: hub::scheduled_jobs::JobRunners::new(shutdown.clone()),
         };
+        hub::scheduled_jobs::resume(&ctx)
+            .await
+            .map_err(|e| NodeError::Other(format!("scheduled jobs: {e}")))?;
         let mut tasks = Vec::new();
         for kind in [TimerKind::Lock, TimerKind::Expiry] {
             tasks.push(tokio::spawn(hub::c2d_sweeper::run(

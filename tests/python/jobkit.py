@@ -54,3 +54,17 @@ def wait_job(get, job_id: str, timeout: float = 120, seen: list | None = None) -
 
 def read_lines(text: str) -> list[dict]:
     return [json.loads(l) for l in text.splitlines() if l.strip()]
+
+
+def import_devices(hub, base: Path, lines) -> dict:
+    """Imports `lines` (devices.txt objects) through an import job from file:// containers
+    under `base`; returns the finished job, which must have completed."""
+    write_lines(base / "in" / "devices.txt", lines)
+    token = hub.token()
+    r = hub.request("POST", "/jobs/create", token, json={
+        "type": "import", "inputBlobContainerUri": file_uri(base / "in"),
+        "outputBlobContainerUri": file_uri(base / "out")})
+    assert r.status_code == 200, r.text
+    job = wait_job(lambda j: hub.request("GET", f"/jobs/{j}", token).json(), r.json()["jobId"], timeout=300)
+    assert job["status"] == "completed", job
+    return job

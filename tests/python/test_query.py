@@ -13,7 +13,7 @@ from azure.iot.hub import IoTHubRegistryManager
 from azure.iot.hub.models import QuerySpecification
 
 from hubkit import REPO, Hub
-from jobkit import file_uri, wait_job, write_lines
+from jobkit import import_devices
 from mqttraw import PUBLISH, connect_device
 from test_node_sdk import node_env
 
@@ -38,14 +38,7 @@ def fleet(tmp_path_factory):
     hub.start()
     lines = [{"id": f"q{i:05d}", "tags": tags_of(i)} for i in range(N)]
     lines += [{"id": f"q{i:05d}", "moduleId": f"m{j}"} for i in range(5) for j in range(2)]
-    write_lines(base / "in" / "devices.txt", lines)
-    token = hub.token()
-    r = hub.request("POST", "/jobs/create", token, json={
-        "type": "import", "inputBlobContainerUri": file_uri(base / "in"),
-        "outputBlobContainerUri": file_uri(base / "out")})
-    assert r.status_code == 200, r.text
-    job = wait_job(lambda j: hub.request("GET", f"/jobs/{j}", token).json(), r.json()["jobId"], timeout=300)
-    assert job["status"] == "completed", job
+    import_devices(hub, base, lines)
     yield hub
     hub.kill()
 

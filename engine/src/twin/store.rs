@@ -92,6 +92,23 @@ impl Store {
     ) -> Result<TwinOutcome, TwinError> {
         let _guard = self.stripes.lock(device_id);
         let identity = self.load_identity(device_id, module_id)?;
+        let mut batch = Batch::default();
+        let (note, outcome) = self.stage_twin(identity, if_match, change, now, &mut batch)?;
+        self.commit_with_notifications(batch, vec![note])?;
+        Ok(outcome)
+    }
+
+    /// Applies `change` to the stored twin of `identity` and stages the new record in
+    /// `batch`; returns the change notification to commit with it. The caller holds the
+    /// device's stripe lock.
+    fn stage_twin(
+        &self,
+        identity: Identity,
+        if_match: &IfMatch,
+        change: impl FnOnce(&mut TwinRecord, UnixMillis) -> Result<Applied, TwinError>,
+        now: UnixMillis,
+        batch: &mut Batch,
+    ) -> Result<(PendingNotification, TwinOutcome), TwinError> {
         let mut record = self.load_twin_record(&identity)?;
         if_match.check(&record.etag)?;
         let Applied {
@@ -109,20 +126,41 @@ impl Store {
             body = changes::whole_twin(&identity, &record, true);
         }
         body.insert("version".into(), Value::from(record.version));
-        let mut batch = Batch::default();
-        batch.put_record(cf::TWINS, keys::twin(device_id, module_id), &record);
+        batch.put_record(
+            cf::TWINS,
+            keys::twin(&identity.device_id, identity.module_id.as_deref()),
+            &record,
+        );
         let note = PendingNotification {
-            device_id: device_id.to_string(),
-            module_id: module_id.map(str::to_string),
+            device_id: identity.device_id.clone(),
+            module_id: identity.module_id.clone(),
             op,
             time: now,
             body,
         };
-        self.commit_with_notifications(batch, vec![note])?;
-        Ok(TwinOutcome {
-            twin: Twin { identity, record },
-            desired_change,
-        })
+        Ok((
+            note,
+            TwinOutcome {
+                twin: Twin { identity, record },
+                desired_change,
+            },
+        ))
+    }
+
+    /// Stages a service-side patch of `identity`'s twin in `batch` (for writers that commit
+    /// many twins at once, under the stripe locks they hold). `write` was checked with
+    /// [`TwinWrite::check_patch`].
+    ///
+    /// # Errors
+    /// [`TwinError::Invalid`] when the result breaks the TWN-7 limits, or storage.
+    pub(crate) fn stage_twin_patch(
+        &self,
+        identity: Identity,
+        write: &TwinWrite,
+        now: UnixMillis,
+        batch: &mut Batch,
+    ) -> Result<(PendingNotification, TwinOutcome), TwinError> {
+        self.stage_twin(identity, &IfMatch::Any, service_change(write, true), now, batch)
     }
 
     /// Service-side partial update (PATCH): tags and desired merge (`null` removes).
@@ -166,60 +204,12 @@ impl Store {
         now: UnixMillis,
         merge: bool,
     ) -> Result<TwinOutcome, TwinError> {
-        if let Some(t) = &write.tags {
-            check_section(SectionKind::Tags, t, merge)?;
-        }
-        if let Some(d) = &write.desired {
-            check_section(SectionKind::Desired, d, merge)?;
-        }
+        write.check(merge)?;
         self.write_twin(
             device_id,
             module_id,
             if_match,
-            |r, now| {
-                let mut body = Map::new();
-                let mut properties = Map::new();
-                if let Some(t) = &write.tags {
-                    if merge {
-                        merge_plain(&mut r.tags, t);
-                    } else {
-                        r.tags = t.clone();
-                    }
-                }
-                let desired_change = write.desired.as_ref().map(|d| {
-                    let version = if merge {
-                        r.desired.patch(d, now)
-                    } else {
-                        r.desired.replace(d, now)
-                    };
-                    (d.clone(), version)
-                });
-                if merge {
-                    if let Some(t) = &write.tags {
-                        body.insert("tags".into(), Value::Object(t.clone()));
-                    }
-                    if let Some(d) = &write.desired {
-                        properties.insert(
-                            "desired".into(),
-                            changes::changed_section(&r.desired, d, true),
-                        );
-                    }
-                }
-                // replaceTwin's body is built once the new etag and version are known.
-                if !properties.is_empty() {
-                    body.insert("properties".into(), Value::Object(properties));
-                }
-                let op = if merge {
-                    TwinOp::UpdateTwin
-                } else {
-                    TwinOp::ReplaceTwin
-                };
-                Ok(Applied {
-                    desired_change,
-                    op,
-                    body,
-                })
-            },
+            service_change(write, merge),
             now,
         )
     }
@@ -258,6 +248,78 @@ impl Store {
             now,
         )?;
         Ok(outcome.twin.record.reported.version)
+    }
+}
+
+/// The change a service-side write makes: `merge` patches (`null` removes), otherwise the
+/// given parts are replaced.
+fn service_change(
+    write: &TwinWrite,
+    merge: bool,
+) -> impl FnOnce(&mut TwinRecord, UnixMillis) -> Result<Applied, TwinError> + '_ {
+    move |r, now| {
+        let mut body = Map::new();
+        let mut properties = Map::new();
+        if let Some(t) = &write.tags {
+            if merge {
+                merge_plain(&mut r.tags, t);
+            } else {
+                r.tags = t.clone();
+            }
+        }
+        let desired_change = write.desired.as_ref().map(|d| {
+            let version = if merge {
+                r.desired.patch(d, now)
+            } else {
+                r.desired.replace(d, now)
+            };
+            (d.clone(), version)
+        });
+        if merge {
+            if let Some(t) = &write.tags {
+                body.insert("tags".into(), Value::Object(t.clone()));
+            }
+            if let Some(d) = &write.desired {
+                properties.insert(
+                    "desired".into(),
+                    changes::changed_section(&r.desired, d, true),
+                );
+            }
+        }
+        // replaceTwin's body is built once the new etag and version are known.
+        if !properties.is_empty() {
+            body.insert("properties".into(), Value::Object(properties));
+        }
+        let op = if merge {
+            TwinOp::UpdateTwin
+        } else {
+            TwinOp::ReplaceTwin
+        };
+        Ok(Applied {
+            desired_change,
+            op,
+            body,
+        })
+    }
+}
+
+impl TwinWrite {
+    /// Checks the parts of a patch against the TWN-7 limits (depth, names, values).
+    ///
+    /// # Errors
+    /// [`TwinError::Invalid`].
+    pub fn check_patch(&self) -> Result<(), TwinError> {
+        self.check(true)
+    }
+
+    fn check(&self, merge: bool) -> Result<(), TwinError> {
+        if let Some(t) = &self.tags {
+            check_section(SectionKind::Tags, t, merge)?;
+        }
+        if let Some(d) = &self.desired {
+            check_section(SectionKind::Desired, d, merge)?;
+        }
+        Ok(())
     }
 }
 

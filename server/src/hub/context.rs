@@ -37,6 +37,8 @@ pub struct HubContext {
     pub throttles: Arc<super::throttle::Throttles>,
     /// File uploads, when a storage account is configured.
     pub uploads: Option<Arc<super::file_uploads::FileUploads>>,
+    /// The runners of scheduled jobs.
+    pub jobs: Arc<super::scheduled_jobs::JobRunners>,
 }
 
 impl HubContext {

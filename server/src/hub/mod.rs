@@ -12,6 +12,10 @@
 //! - [`routes`] and [`event_router`]: the routing table's storage side, and the task that
 //!   routes non-telemetry events.
 //! - [`retention`]: the D2C retention pass.
+//! - [`twin_rows`] and [`twin_query`]: twins and device-job rows as JSON, and the query
+//!   language run over them page by page.
+//! - [`scheduled_jobs`]: the runner of `/jobs/v2` jobs (twin updates and method calls over a
+//!   query's identities).
 //!
 //! # Invariants
 //! - Protocol adapters (`mqtt`, `rest`) use the hub and never the engine directly; the hub
@@ -36,6 +40,10 @@ pub mod retention;
 pub mod routes;
 pub mod store_handle;
 pub mod throttle;
+pub mod twin_query;
+pub mod twin_rows;
+pub mod job_spec;
+pub mod scheduled_jobs;
 
 pub use append_lane::{AppendLane, Message};
 pub use authenticator::{AuthFailure, Authenticator, DeviceAuth, ServiceClaim};

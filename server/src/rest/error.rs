@@ -47,6 +47,8 @@ pub enum ApiError {
     Routing(#[from] crate::routing::RouteError),
     #[error("{0}")]
     Job(#[from] ferrohub_engine::jobs::JobError),
+    #[error("{0}")]
+    ScheduledJob(#[from] ferrohub_engine::scheduled_jobs::ScheduledJobError),
     #[error("the {} throttle is exceeded; retry after {:.1} s", .0.operation.name(), .0.retry_after.as_secs_f64())]
     Throttled(crate::hub::throttle::Throttled),
     #[error("the daily message quota is used up until {}", crate::clock::iso7(.0.resets_at))]
@@ -113,6 +115,14 @@ impl ApiError {
                 use ferrohub_engine::jobs::JobError as E;
                 match e {
                     E::AnotherActive { .. } => (StatusCode::FORBIDDEN, "JobQuotaExceeded", 403003),
+                    E::NotFound(_) => (StatusCode::NOT_FOUND, "JobNotFound", 404002),
+                    E::Storage(_) => error_codes::SERVER_ERROR,
+                }
+            }
+            ApiError::ScheduledJob(e) => {
+                use ferrohub_engine::scheduled_jobs::ScheduledJobError as E;
+                match e {
+                    E::AlreadyExists(_) => (StatusCode::CONFLICT, "JobAlreadyExists", 409001),
                     E::NotFound(_) => (StatusCode::NOT_FOUND, "JobNotFound", 404002),
                     E::Storage(_) => error_codes::SERVER_ERROR,
                 }

@@ -6,24 +6,12 @@
 
 use ferrohub_engine::identity::ImportMode;
 use ferrohub_engine::model::{
-    AuthType, ConnectionState, Identity, IdentitySpec, KeysSpec, Status, Thumbprints, UnixMillis,
+    AuthType, Identity, IdentitySpec, KeysSpec, Status, Thumbprints,
 };
 use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
-
-/// `0001-01-01T00:00:00Z` for "never", otherwise UTC with 7 fractional digits as IoT Hub sends.
-pub fn format_time(t: Option<UnixMillis>) -> String {
-    match t.and_then(|t| chrono::DateTime::from_timestamp_millis(t.0)) {
-        // Seven fractional digits (100 ns ticks), as IoT Hub writes them; chrono has no %.7f.
-        Some(dt) => format!(
-            "{}.{:07}Z",
-            dt.format("%Y-%m-%dT%H:%M:%S"),
-            dt.timestamp_subsec_nanos() / 100
-        ),
-        None => "0001-01-01T00:00:00Z".to_string(),
-    }
-}
+pub use crate::hub::twin_rows::{auth_type_name, connection_state, format_time, status_name};
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -139,32 +127,6 @@ fn auth_json(i: &Identity) -> AuthenticationJson {
             secondary_thumbprint: a.thumbprints.as_ref().and_then(|t| t.secondary.clone()),
         }),
         kind: Some(auth_type_name(a.kind).to_string()),
-    }
-}
-
-/// `authentication.type` as IoT Hub spells it.
-pub fn auth_type_name(kind: AuthType) -> &'static str {
-    match kind {
-        AuthType::Sas => "sas",
-        AuthType::SelfSigned => "selfSigned",
-        AuthType::CertificateAuthority => "certificateAuthority",
-        AuthType::None => "none",
-    }
-}
-
-/// `status` as IoT Hub spells it.
-pub fn status_name(status: Status) -> &'static str {
-    match status {
-        Status::Enabled => "enabled",
-        Status::Disabled => "disabled",
-    }
-}
-
-/// `connectionState` as IoT Hub spells it.
-pub fn connection_state(s: ConnectionState) -> &'static str {
-    match s {
-        ConnectionState::Connected => "Connected",
-        ConnectionState::Disconnected => "Disconnected",
     }
 }
 
@@ -289,6 +251,7 @@ pub struct BulkItemJson {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferrohub_engine::model::UnixMillis;
 
     #[test]
     fn never_is_year_one() {

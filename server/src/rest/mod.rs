@@ -18,6 +18,7 @@ mod methods;
 mod query;
 pub mod reply;
 mod routing;
+mod scheduled_jobs;
 mod statistics;
 mod telemetry;
 pub mod twins;
@@ -161,6 +162,7 @@ fn classify(method: &warp::http::Method, path: &str) -> Option<Operation> {
         ["twins", _, "methods"] | ["twins", _, "modules", _, "methods"] => Some(Operation::Method),
         ["twins", ..] if method == Method::GET => Some(Operation::TwinRead),
         ["twins", ..] => Some(Operation::TwinUpdate),
+        ["jobs", "v2", "query"] => Some(Operation::Query),
         ["jobs", ..] => Some(Operation::Jobs),
         ["devices", ..] | ["statistics", "devices"] => Some(Operation::Registry),
         _ => None,
@@ -236,6 +238,7 @@ fn table(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
         twins::routes(ctx.clone()),
         methods::routes(ctx.clone()),
         c2d::routes(ctx.clone()),
+        scheduled_jobs::routes(ctx.clone()),
         jobs::routes(ctx.clone()),
         files::routes(ctx.clone()),
         routing::routes(ctx),

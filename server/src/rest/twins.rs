@@ -5,56 +5,16 @@
 //! `$metadata` and `$version`.
 
 use ferrohub_engine::model::IfMatch;
-use ferrohub_engine::twin::store::{Twin, TwinWrite};
-use ferrohub_engine::UnixMillis;
-use serde_json::{json, Map, Value};
+use ferrohub_engine::twin::store::TwinWrite;
+use serde_json::{Map, Value};
 use warp::filters::BoxedFilter;
 use warp::Filter;
 
 use super::error::ApiError;
-use super::identity_json::{auth_type_name, connection_state, format_time, status_name};
 use super::reply::{json_with_etag, one_of, Handled, Response};
 use super::{caller, if_match, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
-
-/// `YYYY-MM-DDTHH:MM:SS.mmmZ`, the `$metadata` time format (TWN-6).
-pub fn metadata_time(t: UnixMillis) -> String {
-    chrono::DateTime::from_timestamp_millis(t.0)
-        .map(|d| d.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
-        .unwrap_or_default()
-}
-
-/// The Twin model.
-pub fn twin_json(t: &Twin) -> Value {
-    let i = &t.identity;
-    let r = &t.record;
-    let thumbprints = i.authentication.thumbprints.clone().unwrap_or_default();
-    let mut out = json!({
-        "deviceId": i.device_id,
-        "etag": r.etag,
-        "deviceEtag": i.etag,
-        "status": status_name(i.status),
-        "statusReason": i.status_reason,
-        "statusUpdateTime": format_time(Some(i.status_updated_time)),
-        "connectionState": connection_state(i.connection_state),
-        "lastActivityTime": format_time(i.last_activity_time),
-        "cloudToDeviceMessageCount": i.cloud_to_device_message_count,
-        "authenticationType": auth_type_name(i.authentication.kind),
-        "x509Thumbprint": {"primaryThumbprint": thumbprints.primary, "secondaryThumbprint": thumbprints.secondary},
-        "modelId": "",
-        "version": r.version,
-        "tags": Value::Object(r.tags.clone()),
-        "properties": {
-            "desired": r.desired.to_json(&metadata_time, true),
-            "reported": r.reported.to_json(&metadata_time, false),
-        },
-        "capabilities": {"iotEdge": i.iot_edge},
-    });
-    if let Some(m) = &i.module_id {
-        out["moduleId"] = Value::String(m.clone());
-    }
-    out
-}
+pub use crate::hub::twin_rows::{metadata_time, twin_json};
 
 /// The writable parts of a Twin request body.
 fn twin_write(body: &Value) -> Result<TwinWrite, ApiError> {

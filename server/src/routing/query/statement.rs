@@ -183,6 +183,35 @@ impl Statement {
         Ok(statement)
     }
 
+    /// The identities a scheduled job or configuration targets: `*` (every device), a bare
+    /// condition on device twins, or `FROM devices[.modules] [WHERE condition]`. Read as IoT
+    /// Hub reads it, as the query `SELECT * FROM devices WHERE <condition>` (or `SELECT *
+    /// <FROM ...>`), so errors name columns of that query.
+    ///
+    /// # Errors
+    /// [`QueryError`] for a condition that does not parse or selects device jobs.
+    pub fn target(condition: &str) -> Result<Statement, QueryError> {
+        let trimmed = condition.trim();
+        let text = if trimmed == "*" || trimmed.is_empty() {
+            "SELECT * FROM devices".to_string()
+        } else if trimmed
+            .get(..5)
+            .is_some_and(|w| w.eq_ignore_ascii_case("from "))
+        {
+            format!("SELECT * {trimmed}")
+        } else {
+            format!("SELECT * FROM devices WHERE {trimmed}")
+        };
+        let statement = Statement::parse(&text)?;
+        if statement.from == Collection::Jobs {
+            return Err(QueryError::Invalid {
+                pos: 0,
+                message: "a target is devices or devices.modules, not devices.jobs".into(),
+            });
+        }
+        Ok(statement)
+    }
+
     /// Whether the rows are aggregated (aggregates in the select list, or GROUP BY).
     pub(crate) fn aggregated(&self) -> bool {
         !self.group_by.is_empty()
@@ -490,5 +519,17 @@ mod tests {
             assert_eq!(error(text), expected, "{text:?}");
         }
         assert!(error(&"x".repeat(MAX_QUERY_LEN + 1)).contains("longer than 8192"));
+    }
+
+    #[test]
+    fn targets_are_star_a_condition_or_a_from_clause() {
+        assert_eq!(Statement::target("*").unwrap().from, Collection::Devices);
+        let bare = Statement::target("tags.x = 'y'").unwrap();
+        assert!(bare.filter.is_some() && bare.from == Collection::Devices);
+        let modules = Statement::target("FROM devices.modules WHERE moduleId = 'm'").unwrap();
+        assert_eq!(modules.from, Collection::Modules);
+        assert!(Statement::target("from devices.jobs").is_err());
+        let e = Statement::target("tags.x = = 'y'").unwrap_err().to_string();
+        assert!(e.starts_with("at 37:"), "{e}");
     }
 }

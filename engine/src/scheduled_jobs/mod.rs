@@ -15,6 +15,10 @@
 //!   ([`Store::record_device_jobs`]), so after a crash the cursor names exactly the last
 //!   identity whose row is stored: a runner that resumes after it neither repeats nor skips.
 
+mod progress;
+
+pub use progress::{JobTarget, TwinJobBatch};
+
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
@@ -134,7 +138,7 @@ pub enum ScheduledJobError {
 
 /// Serialises job creation and changes.
 #[derive(Default)]
-pub(crate) struct ScheduledJobLock(Mutex<()>);
+pub(crate) struct ScheduledJobLock(pub(crate) Mutex<()>);
 
 fn push_part(k: &mut Vec<u8>, s: &str) {
     // Job, device and module ids are at most 128 bytes; two length bytes leave room anyway.
@@ -142,19 +146,19 @@ fn push_part(k: &mut Vec<u8>, s: &str) {
     k.extend_from_slice(s.as_bytes());
 }
 
-fn job_key(id: &str) -> Vec<u8> {
+pub(crate) fn job_key(id: &str) -> Vec<u8> {
     let mut k = JOB_PREFIX.to_vec();
     k.extend_from_slice(id.as_bytes());
     k
 }
 
-fn rows_of(job_id: &str) -> Vec<u8> {
+pub(crate) fn rows_of(job_id: &str) -> Vec<u8> {
     let mut k = ROW_PREFIX.to_vec();
     push_part(&mut k, job_id);
     k
 }
 
-fn row_key(row: &DeviceJobRow) -> Vec<u8> {
+pub(crate) fn row_key(row: &DeviceJobRow) -> Vec<u8> {
     let mut k = rows_of(&row.job_id);
     push_part(&mut k, &row.device_id);
     if let Some(m) = &row.module_id {
