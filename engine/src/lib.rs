@@ -40,6 +40,7 @@
 
 pub mod archive;
 pub mod c2d;
+pub mod configurations;
 pub mod d2c;
 pub mod endpoints;
 pub mod error;
@@ -134,6 +135,7 @@ pub struct Store {
     job_lock: jobs::JobLock,
     /// Serialises scheduled-job creation and changes (see `scheduled_jobs`).
     scheduled_job_lock: scheduled_jobs::ScheduledJobLock,
+    configuration_lock: configurations::ConfigurationLock,
     commit_queue_depth: usize,
 }
 
@@ -239,6 +241,7 @@ impl Store {
             feedback_lock: Mutex::new(()),
             job_lock: jobs::JobLock::default(),
             scheduled_job_lock: scheduled_jobs::ScheduledJobLock::default(),
+            configuration_lock: configurations::ConfigurationLock::default(),
             notification_hook: Default::default(),
             commit_queue_depth,
         })

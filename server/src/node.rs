@@ -190,6 +190,7 @@ impl Services {
             throttles: Arc::new(hub::throttle::Throttles::new(&config.throttling)),
             uploads,
             jobs: hub::scheduled_jobs::JobRunners::new(shutdown.clone()),
+            configurations: hub::configurations::Reconciler::new(),
         };
         hub::scheduled_jobs::resume(&ctx)
             .await
@@ -202,6 +203,10 @@ impl Services {
                 shutdown.clone(),
             )));
         }
+        tasks.push(tokio::spawn(hub::configurations::run(
+            ctx.clone(),
+            shutdown.clone(),
+        )));
         tasks.push(tokio::spawn(hub::event_router::run(
             ctx.clone(),
             notifications_wake,

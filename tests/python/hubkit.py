@@ -155,6 +155,12 @@ class Hub:
         assert r.status_code == 200, r.text
         return r.json()
 
+    def set_tags(self, device_id: str, tags: dict) -> dict:
+        """Merges `tags` into a device twin's tags (twin PATCH); returns the twin."""
+        r = self.request("PATCH", f"/twins/{urllib.parse.quote(device_id, safe='')}", self.token(), json={"tags": tags})
+        assert r.status_code == 200, r.text
+        return r.json()
+
     def device_key(self, device_id: str) -> str:
         return self.request("GET", f"/devices/{device_id}", self.token()).json()["authentication"]["symmetricKey"]["primaryKey"]
 

@@ -27,11 +27,6 @@ def managers(sdk_hub, monkeypatch):
     return IoTHubJobManager.from_connection_string(cs), IoTHubRegistryManager.from_connection_string(cs)
 
 
-def tag(hub, device_id, tags):
-    r = hub.request("PATCH", f"/twins/{device_id}", hub.token(), json={"tags": tags})
-    assert r.status_code == 200, r.text
-
-
 def job_id(prefix):
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
@@ -72,7 +67,7 @@ def test_twin_job_reaches_exactly_the_matching_devices(sdk_hub, managers):
     fleet = [f"tj-{i:02d}" for i in range(24)]
     for i, d in enumerate(fleet):
         sdk_hub.create_device(d)
-        tag(sdk_hub, d, {"x": "y" if i % 3 == 0 else "z", "i": i})
+        sdk_hub.set_tags(d, {"x": "y" if i % 3 == 0 else "z", "i": i})
     matching = sorted(d for i, d in enumerate(fleet) if i % 3 == 0)
     patches = []
     client = device_client(sdk_hub, "tj-00")
@@ -129,7 +124,7 @@ def test_method_job_calls_online_devices_and_fails_offline_ones(sdk_hub, manager
     online, late, offline = ["mj-on-1", "mj-on-2", "mj-on-3"], "mj-late", "mj-off"
     for d in online + [late, offline, "mj-other"]:
         sdk_hub.create_device(d)
-        tag(sdk_hub, d, {"grp": "other" if d == "mj-other" else "m"})
+        sdk_hub.set_tags(d, {"grp": "other" if d == "mj-other" else "m"})
     calls = []
     clients = [answering(sdk_hub, d, calls) for d in online]
     try:
@@ -165,7 +160,7 @@ def test_cancel_stops_a_running_job(sdk_hub, managers):
     jobs, registry = managers
     for d in ["cj-1", "cj-2"]:
         sdk_hub.create_device(d)
-        tag(sdk_hub, d, {"grp": "cancel"})
+        sdk_hub.set_tags(d, {"grp": "cancel"})
     jid = job_id("cancel")
     jobs.create_scheduled_job(jid, JobRequest(
         job_id=jid, type="scheduleDeviceMethod", query_condition="tags.grp = 'cancel'",

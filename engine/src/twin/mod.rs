@@ -7,4 +7,5 @@ pub mod changes;
 pub mod document;
 pub mod limits;
 pub mod record;
+pub mod configured;
 pub mod store;

@@ -5,6 +5,8 @@
 //! # Invariants
 //! - A new twin has version 1 and empty sections; `version` and `etag` change with every write.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -20,6 +22,19 @@ pub struct TwinRecord {
     pub reported: Section,
     pub version: u64,
     pub etag: String,
+    /// The automatic device configurations that target this twin (ADM), by id. Last, and
+    /// defaulted, so records written before it existed still read.
+    #[serde(default)]
+    pub configurations: BTreeMap<String, AppliedConfiguration>,
+}
+
+/// What one configuration is to a twin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedConfiguration {
+    /// `Applied` when it sets at least one desired property, otherwise `Targeted`.
+    pub status: String,
+    /// The desired paths (dotted, below `properties.desired`) it sets.
+    pub owned: Vec<String>,
 }
 
 impl TwinRecord {
@@ -31,6 +46,7 @@ impl TwinRecord {
             reported: Section::new(created),
             version: 1,
             etag: next_etag(None),
+            configurations: BTreeMap::new(),
         }
     }
 }

@@ -42,14 +42,14 @@ pub struct TwinOutcome {
 
 /// What a change did: the desired change to notify, the operation, and the change record's
 /// body (without `version`, added once the twin version is known).
-struct Applied {
-    desired_change: Option<(Map<String, Value>, u64)>,
-    op: TwinOp,
-    body: Map<String, Value>,
+pub(super) struct Applied {
+    pub(super) desired_change: Option<(Map<String, Value>, u64)>,
+    pub(super) op: TwinOp,
+    pub(super) body: Map<String, Value>,
 }
 
 impl Store {
-    fn load_identity(
+    pub(super) fn load_identity(
         &self,
         device_id: &str,
         module_id: Option<&str>,
@@ -101,7 +101,7 @@ impl Store {
     /// Applies `change` to the stored twin of `identity` and stages the new record in
     /// `batch`; returns the change notification to commit with it. The caller holds the
     /// device's stripe lock.
-    fn stage_twin(
+    pub(super) fn stage_twin(
         &self,
         identity: Identity,
         if_match: &IfMatch,
@@ -253,7 +253,7 @@ impl Store {
 
 /// The change a service-side write makes: `merge` patches (`null` removes), otherwise the
 /// given parts are replaced.
-fn service_change(
+pub(super) fn service_change(
     write: &TwinWrite,
     merge: bool,
 ) -> impl FnOnce(&mut TwinRecord, UnixMillis) -> Result<Applied, TwinError> + '_ {

@@ -39,6 +39,8 @@ pub struct HubContext {
     pub uploads: Option<Arc<super::file_uploads::FileUploads>>,
     /// The runners of scheduled jobs.
     pub jobs: Arc<super::scheduled_jobs::JobRunners>,
+    /// The reconciler of automatic device configurations.
+    pub configurations: Arc<super::configurations::Reconciler>,
 }
 
 impl HubContext {

@@ -6,6 +6,8 @@
 //! - Records are handled strictly in sequence order and each exactly once: the cursor moves
 //!   in the batch that stores their events (see `ferrohub_engine::endpoints`).
 //! - All of it, twin reads for `$twin` conditions included, runs behind the store seam.
+//! - Routed records are handed to the configuration reconciler (twins that may now be
+//!   targeted differently).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,14 +63,15 @@ pub async fn run(ctx: HubContext, wake: Arc<Notify>, shutdown: CancellationToken
                     .filter(|e| e.endpoints.as_ref().is_none_or(|v| !v.is_empty()))
                     .collect();
                 let appended = s.append_routed_notifications(events, at, next)?;
-                Ok::<_, ferrohub_engine::d2c::D2cError>(Some((next, appended)))
+                Ok::<_, ferrohub_engine::d2c::D2cError>(Some((next, appended, notes)))
             })
             .await;
         match routed {
-            Ok(Some((next, appended))) => {
+            Ok(Some((next, appended, notes))) => {
                 for a in appended {
                     ctx.d2c.appended(a.partition, a.sequence_number);
                 }
+                ctx.configurations.twins_changed(&notes);
                 cursor = next;
             }
             Ok(None) => {

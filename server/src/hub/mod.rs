@@ -14,6 +14,8 @@
 //! - [`retention`]: the D2C retention pass.
 //! - [`twin_rows`] and [`twin_query`]: twins and device-job rows as JSON, and the query
 //!   language run over them page by page.
+//! - [`config_content`] and [`configurations`]: what automatic device configurations make
+//!   of a twin, and the reconciler task that keeps twins so.
 //! - [`scheduled_jobs`]: the runner of `/jobs/v2` jobs (twin updates and method calls over a
 //!   query's identities).
 //!
@@ -25,6 +27,8 @@ pub mod append_lane;
 pub mod authenticator;
 pub mod c2d;
 pub mod c2d_sweeper;
+pub mod config_content;
+pub mod configurations;
 pub mod connections;
 pub mod context;
 pub mod d2c_notify;

@@ -218,6 +218,48 @@ fn scan(
     if collection == Collection::Jobs {
         return scan_device_jobs(s, from, visit);
     }
+    scan_twins(s, collection, from, |records| visit(twin_row(records)))
+}
+
+/// Every device twin (`Devices`) or module twin (`Modules`), in identity order, until `visit`
+/// returns false.
+///
+/// # Errors
+/// Storage errors.
+pub fn each_twin(
+    s: &Store,
+    collection: Collection,
+    mut visit: impl FnMut(Twin) -> bool,
+) -> Result<(), StorageError> {
+    scan_twins(s, collection, &Position::default(), |records| {
+        visit(Twin {
+            identity: records.identity,
+            record: records.twin,
+        })
+    })
+}
+
+/// How many rows of its collection `statement`'s WHERE selects.
+///
+/// # Errors
+/// Storage errors.
+pub fn count(s: &Store, statement: &Statement) -> Result<u64, StorageError> {
+    let mut n = 0;
+    scan(s, statement.from, &Position::default(), |row| {
+        if statement.matches(&row.value) {
+            n += 1;
+        }
+        true
+    })?;
+    Ok(n)
+}
+
+fn scan_twins(
+    s: &Store,
+    collection: Collection,
+    from: &Position,
+    mut visit: impl FnMut(IdentityRecords) -> bool,
+) -> Result<(), StorageError> {
     let mut step = FIRST_STEP;
     let mut page = match (&from.d, &from.m, collection) {
         (Some(d), Some(_), Collection::Modules) => s.archive_page_from(d, step)?,
@@ -230,7 +272,7 @@ fn scan(
         };
         for device in page {
             if collection == Collection::Devices {
-                if !visit(twin_row(device.device)) {
+                if !visit(device.device) {
                     return Ok(());
                 }
                 continue;
@@ -247,7 +289,7 @@ fn scan(
                 if skip_to.as_deref().is_some_and(|m| !module_after(&id, m)) {
                     continue;
                 }
-                if !visit(twin_row(module)) {
+                if !visit(module) {
                     return Ok(());
                 }
             }

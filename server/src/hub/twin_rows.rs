@@ -82,6 +82,14 @@ pub fn twin_json(t: &Twin) -> Value {
     if let Some(m) = &i.module_id {
         out["moduleId"] = Value::String(m.clone());
     }
+    if !r.configurations.is_empty() {
+        let configurations: serde_json::Map<String, Value> = r
+            .configurations
+            .iter()
+            .map(|(id, c)| (id.clone(), json!({"status": c.status})))
+            .collect();
+        out["configurations"] = Value::Object(configurations);
+    }
     out
 }
 

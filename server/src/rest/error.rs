@@ -29,6 +29,14 @@ pub enum ApiError {
     },
     #[error("{0}")]
     Storage(#[from] StorageError),
+    /// A refusal named where it arises (a status, IoT Hub's error name and number).
+    #[error("{message}")]
+    Coded {
+        status: StatusCode,
+        code: &'static str,
+        number: u32,
+        message: String,
+    },
     #[error("no such resource: {0}")]
     NotFound(String),
     #[error("method not allowed")]
@@ -85,6 +93,12 @@ impl ApiError {
             }
             ApiError::BadRequest { code, number, .. } => (StatusCode::BAD_REQUEST, code, *number),
             ApiError::Storage(_) => error_codes::SERVER_ERROR,
+            ApiError::Coded {
+                status,
+                code,
+                number,
+                ..
+            } => (*status, code, *number),
             ApiError::NotFound(_) => error_codes::NOT_FOUND,
             ApiError::MethodNotAllowed => {
                 (StatusCode::METHOD_NOT_ALLOWED, "InvalidOperation", 405000)

@@ -8,6 +8,7 @@
 
 mod c2d;
 mod certificates;
+mod configurations;
 pub mod error;
 mod events;
 mod files;
@@ -164,7 +165,9 @@ fn classify(method: &warp::http::Method, path: &str) -> Option<Operation> {
         ["twins", ..] => Some(Operation::TwinUpdate),
         ["jobs", "v2", "query"] => Some(Operation::Query),
         ["jobs", ..] => Some(Operation::Jobs),
-        ["devices", ..] | ["statistics", "devices"] => Some(Operation::Registry),
+        ["devices", ..] | ["statistics", "devices"] | ["configurations", ..] => {
+            Some(Operation::Registry)
+        }
         _ => None,
     }
 }
@@ -239,6 +242,7 @@ fn table(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
         methods::routes(ctx.clone()),
         c2d::routes(ctx.clone()),
         scheduled_jobs::routes(ctx.clone()),
+        configurations::routes(ctx.clone()),
         jobs::routes(ctx.clone()),
         files::routes(ctx.clone()),
         routing::routes(ctx),

@@ -262,6 +262,8 @@ fn restore_inner(v: &Value) -> Result<IdentityRecords, String> {
             .and_then(Value::as_u64)
             .ok_or("version (the twin's) is missing")?,
         etag: str_field(v, "twinETag")?.to_string(),
+        // Configurations are not exported; the reconciler works them out again.
+        configurations: Default::default(),
     };
     Ok(IdentityRecords { identity, twin })
 }
