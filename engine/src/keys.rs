@@ -155,6 +155,23 @@ pub fn twin(device_id: &str, module_id: Option<&str>) -> Vec<u8> {
     }
 }
 
+/// The device and module ids of a twin key (the inverse of [`twin`]).
+pub fn parse_twin(key: &[u8]) -> Option<(String, Option<String>)> {
+    let (kind, rest) = key.split_first()?;
+    let text = |b: &[u8]| std::str::from_utf8(b).ok().map(str::to_string);
+    match kind {
+        b'd' => Some((text(rest)?, None)),
+        b'm' => {
+            let (&n, rest) = rest.split_first()?;
+            let (device, rest) = rest.split_at_checked(n as usize)?;
+            let (&m, module) = rest.split_first()?;
+            (module.len() == m as usize).then_some(())?;
+            Some((text(device)?, Some(text(module)?)))
+        }
+        _ => None,
+    }
+}
+
 /// Keys of the C2D column families.
 ///
 /// A queue key is `d ‖ len ‖ deviceId` for a device queue and `f` for the feedback queue; a

@@ -57,6 +57,7 @@ pub mod sessions;
 mod slots;
 mod stripes;
 pub mod twin;
+pub mod twin_index;
 
 use std::path::Path;
 
@@ -136,6 +137,8 @@ pub struct Store {
     /// Serialises scheduled-job creation and changes (see `scheduled_jobs`).
     scheduled_job_lock: scheduled_jobs::ScheduledJobLock,
     configuration_lock: configurations::ConfigurationLock,
+    /// The twin query index maintenance, on writable stores at version 6 or later.
+    twin_index: std::sync::OnceLock<std::sync::Arc<twin_index::Hook>>,
     commit_queue_depth: usize,
 }
 
@@ -231,7 +234,7 @@ impl Store {
         let partitions = d2c::Partitions::load(&raw, partition_count, custom_endpoints)?;
         let twin_sequence = Mutex::new(next_twin_sequence(&raw, version)?);
         let feedback_sequence = next_feedback_sequence(&raw, version)?.into();
-        Ok(Store {
+        let store = Store {
             raw,
             stripes: stripes::Stripes::new(),
             partitions,
@@ -242,9 +245,15 @@ impl Store {
             job_lock: jobs::JobLock::default(),
             scheduled_job_lock: scheduled_jobs::ScheduledJobLock::default(),
             configuration_lock: configurations::ConfigurationLock::default(),
+            twin_index: std::sync::OnceLock::new(),
             notification_hook: Default::default(),
             commit_queue_depth,
-        })
+        };
+        // The index needs its column family (version 6) and a store that writes.
+        if version >= 6 && commit_queue_depth > 0 {
+            store.open_twin_index()?;
+        }
+        Ok(store)
     }
 
     /// How many batches may wait for the committer before a submit blocks its thread. Async

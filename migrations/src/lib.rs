@@ -23,6 +23,7 @@ pub mod m0002_registry_counters;
 mod m0003_telemetry;
 mod m0004_twins;
 mod m0005_c2d;
+mod m0006_twin_index;
 
 /// Column family names as they exist on disk. Steps and the engine use these constants only.
 pub mod cf {
@@ -52,9 +53,11 @@ pub mod cf {
     pub const C2D_TIMERS: &str = "c2d_timers";
     /// Feedback records not yet packed into a feedback message, keyed by sequence (since 5).
     pub const C2D_FEEDBACK: &str = "c2d_feedback";
+    /// Twin query index entries: collection, path, value, identity (since version 6).
+    pub const TWIN_INDEX: &str = "twin_index";
 
     /// Every column family of the latest version.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 14] = [
         META,
         DEVICES,
         MODULES,
@@ -68,6 +71,7 @@ pub mod cf {
         C2D_HEADS,
         C2D_TIMERS,
         C2D_FEEDBACK,
+        TWIN_INDEX,
     ];
 }
 
@@ -120,6 +124,7 @@ pub const MIGRATIONS: &[Migration] = &[
     m0003_telemetry::MIGRATION,
     m0004_twins::MIGRATION,
     m0005_c2d::MIGRATION,
+    m0006_twin_index::MIGRATION,
 ];
 
 /// The version this build writes.

@@ -266,6 +266,14 @@ pub struct DevelopmentSection {
     pub allow_short_retention: bool,
 }
 
+/// The twin query index (QRY-1): what is indexed beyond status, connectionState and tags.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuerySection {
+    /// `properties.desired.…` / `properties.reported.…` paths to index (docs/query.md).
+    pub indexed_paths: Vec<String>,
+}
+
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageSection {
@@ -381,6 +389,7 @@ pub struct Config {
     pub development: DevelopmentSection,
     pub file_upload: Option<FileUploadSection>,
     pub throttling: ThrottlingSection,
+    pub query: QuerySection,
 }
 
 impl Config {
@@ -419,6 +428,19 @@ impl Config {
                 reason: "must be positive".into(),
             });
         }
+        if let Some(bad) = self.query.indexed_paths.iter().find(|p| {
+            let rest = p
+                .strip_prefix("properties.desired.")
+                .or_else(|| p.strip_prefix("properties.reported."));
+            rest.is_none_or(|r| r.split('.').any(str::is_empty))
+        }) {
+            return Err(ConfigError::Invalid {
+                key: "query.indexed_paths",
+                reason: format!(
+                    "{bad:?}: a path is properties.desired.<name>[.<name>…] or properties.reported.<name>[.<name>…]"
+                ),
+            });
+        }
         Ok(())
     }
 }
@@ -447,6 +469,17 @@ mod tests {
         assert!(c.validate().is_err());
         let parsed: Config = toml::from_str("[d2c]\nretention = \"3days\"\n").unwrap();
         assert_eq!(parsed.d2c.retention, Duration::from_secs(3 * 86_400));
+    }
+
+    #[test]
+    fn indexed_paths_are_desired_or_reported_paths() {
+        let mut c = Config::default();
+        c.query.indexed_paths = vec!["properties.reported.temp".into(), "properties.desired.a.b".into()];
+        assert!(c.validate().is_ok());
+        for bad in ["tags.x", "properties.reported", "properties.reported..x"] {
+            c.query.indexed_paths = vec![bad.into()];
+            assert!(c.validate().is_err(), "{bad}");
+        }
     }
 
     #[test]

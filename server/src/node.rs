@@ -153,10 +153,15 @@ impl Services {
                 settings.hub_name.clone(),
                 clock.now(),
             );
+            let indexed = config.query.indexed_paths.clone();
             let wake = Arc::clone(&notifications_wake);
             handle
                 .run(move |s| {
                     hub::routes::apply_config(s, &section, now)?;
+                    // Before anything serves: a rebuild must not race writers.
+                    if s.define_twin_index(indexed)? {
+                        tracing::info!("twin query index rebuilt for the configured paths");
+                    }
                     // Jobs a stopped hub left running are failed now, with how far they got.
                     crate::rest::jobs::fail_interrupted(s, now)?;
                     let router = hub::routes::load_router(s, &hub_name)?;

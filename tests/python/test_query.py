@@ -193,18 +193,42 @@ def test_malformed_queries_get_a_400_naming_the_position(fleet):
     assert fleet.request("POST", "/devices/query", fleet.device_token("q00001"), json={"query": "SELECT * FROM devices"}).status_code == 401
 
 
-def test_a_query_sees_every_acknowledged_write(hub):
+def read_your_writes(hub, rounds=1000, tag_every=None):
+    """A reported patch over MQTT, then right after its 204 a query for it (and every
+    `tag_every` rounds a tag written over REST, then a range query for it), `rounds` times."""
     hub.create_device("rw")
     hub.create_device("other")
     client = connect_device(hub, "rw")
     token = hub.token()
     try:
-        for i in range(1000):
+        for i in range(rounds):
             client.publish(f"$iothub/twin/PATCH/properties/reported/?$rid={i}", json.dumps({"n": i}).encode())
             ptype, _, body = client.read()
             assert ptype == PUBLISH and b"res/204/" in body, body[:80]
             r = hub.request("POST", "/devices/query", token,
                             json={"query": f"SELECT deviceId FROM devices WHERE properties.reported.n = {i}"})
             assert r.status_code == 200 and r.json() == [{"deviceId": "rw"}], (i, r.text)
+            if tag_every and i % tag_every == 0:
+                hub.set_tags("other", {"k": i})
+                r = hub.request("POST", "/devices/query", token,
+                                json={"query": f"SELECT deviceId FROM devices WHERE tags.k >= {i} AND tags.k < {i + 1}"})
+                assert r.status_code == 200 and r.json() == [{"deviceId": "other"}], (i, r.text)
     finally:
         client.close()
+
+
+def test_a_query_sees_every_acknowledged_write(hub):
+    read_your_writes(hub)
+
+
+def test_indexed_paths_see_every_acknowledged_write(tmp_path):
+    """The same 1,000 rounds with `properties.reported.n` declared in `[query] indexed_paths`
+    (so the query reads the index entry written in the reported patch's own batch), and
+    twin tag writes (always indexed) read back right after their 200."""
+    config = tmp_path / "index.toml"
+    config.write_text('[query]\nindexed_paths = ["properties.reported.n"]\n')
+    hub = Hub(tmp_path / "hub").start(["--config", str(config)])
+    try:
+        read_your_writes(hub, tag_every=10)
+    finally:
+        hub.kill()

@@ -114,6 +114,17 @@ pub(crate) struct Raw {
     db: Arc<DB>,
     /// `None` for a read-only handle.
     committer: Option<Committer>,
+    /// Adds derived writes (the twin index) to every batch of `commit` and `submit`.
+    hook: std::sync::OnceLock<Box<dyn BatchHook>>,
+}
+
+/// Derived writes staged into a batch before it is queued, in the writer's thread (so under
+/// whatever locks the writer holds). Installed once per store.
+///
+/// Only [`Raw::commit`] and [`Raw::submit`] run it: the callback paths (`submit_with`,
+/// `try_submit_with`) carry D2C appends, which never write identities or twins.
+pub(crate) trait BatchHook: Send + Sync {
+    fn stage(&self, raw: &Raw, batch: &mut Batch) -> Result<(), StorageError>;
 }
 
 /// Column families the engine knows, each with its options.
@@ -189,6 +200,7 @@ impl Raw {
         Ok(Raw {
             db,
             committer: Some(committer),
+            hook: std::sync::OnceLock::new(),
         })
     }
 
@@ -224,6 +236,7 @@ impl Raw {
         Ok(Raw {
             db: Arc::new(db),
             committer: None,
+            hook: std::sync::OnceLock::new(),
         })
     }
 
@@ -276,12 +289,39 @@ impl Raw {
         Ok(())
     }
 
+    /// Visits the keys in `[from, until)` in key order (values unread); `visit` returns false
+    /// to stop.
+    pub(crate) fn scan_keys(
+        &self,
+        cf: &'static str,
+        from: &[u8],
+        until: Option<Vec<u8>>,
+        mut visit: impl FnMut(&[u8]) -> bool,
+    ) -> Result<(), StorageError> {
+        let handle = self.handle(cf)?;
+        let mut ro = ReadOptions::default();
+        if let Some(end) = until {
+            ro.set_iterate_upper_bound(end);
+        }
+        let mut it = self.db.raw_iterator_cf_opt(handle, ro);
+        it.seek(from);
+        while it.valid() {
+            let Some(k) = it.key() else { break };
+            if !visit(k) {
+                return Ok(());
+            }
+            it.next();
+        }
+        it.status().map_err(|e| self.classify(cf, from, e))
+    }
+
     /// Commits a batch atomically; with [`Durability::Synced`] it is on disk when this returns.
     /// Blocks the calling thread while the group's sync runs.
-    pub(crate) fn commit(&self, batch: Batch) -> Result<(), StorageError> {
+    pub(crate) fn commit(&self, mut batch: Batch) -> Result<(), StorageError> {
         if batch.is_empty() {
             return Ok(());
         }
+        self.run_hook(&mut batch)?;
         self.committer
             .as_ref()
             .ok_or(StorageError::ReadOnly)?
@@ -289,11 +329,24 @@ impl Raw {
     }
 
     /// Queues a batch in commit order without waiting; see [`Ticket::wait`].
-    pub(crate) fn submit(&self, batch: Batch) -> Result<Ticket, StorageError> {
+    pub(crate) fn submit(&self, mut batch: Batch) -> Result<Ticket, StorageError> {
+        self.run_hook(&mut batch)?;
         self.committer
             .as_ref()
             .ok_or(StorageError::ReadOnly)?
             .submit(batch)
+    }
+
+    /// Installs the batch hook; a second one is refused (returned).
+    pub(crate) fn set_hook(&self, hook: Box<dyn BatchHook>) -> Result<(), Box<dyn BatchHook>> {
+        self.hook.set(hook)
+    }
+
+    fn run_hook(&self, batch: &mut Batch) -> Result<(), StorageError> {
+        match self.hook.get() {
+            Some(hook) => hook.stage(self, batch),
+            None => Ok(()),
+        }
     }
 
     /// Queues a batch; `done` runs on the commit thread once it is durable.

@@ -10,8 +10,10 @@
 //!   says "more" always has more; aggregated queries read every row, then page the result.
 //! - Rows are the JSON a client reads back ([`twin_json`], [`device_job_json`]), so a filter
 //!   means what the client sees.
-//! - Nothing here is indexed yet: every query scans the identities in order (docs/query.md
-//!   gives the cost).
+//! - A query with an indexed probe (`ferrohub_engine::twin_index`) reads only the twins the
+//!   probe proposes, in index order, and still checks each against its whole condition;
+//!   any other query reads every twin in identity order (docs/query.md gives both costs).
+//!   Scheduled jobs always read in identity order: their cursor is an identity.
 
 use base64::Engine as _;
 use ferrohub_engine::archive::IdentityRecords;
@@ -22,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::twin_rows::{device_job_json, twin_json};
-use crate::routing::query::{Aggregation, Collection, Statement};
+use crate::routing::query::{Aggregation, Collection, IndexProbe, Statement};
 
 /// Devices read from the store per step of a scan: the first step is small (a page of one
 /// row should not read hundreds of devices), then each step doubles up to the largest.
@@ -96,7 +98,7 @@ pub fn page(
 ) -> Result<(Vec<Value>, Option<Position>), StorageError> {
     if statement.aggregated() {
         let mut aggregation = Aggregation::new(statement);
-        scan(s, statement.from, &Position::default(), |row| {
+        scan(s, statement, &Position::default(), |row| {
             if statement.matches(&row.value) {
                 aggregation.add(&row.value);
             }
@@ -121,7 +123,7 @@ pub fn page(
     }
     let mut rows: Vec<(Value, Position)> = Vec::new();
     let mut more = false;
-    scan(s, statement.from, &position, |row| {
+    scan(s, statement, &position, |row| {
         if !statement.matches(&row.value) {
             return true;
         }
@@ -164,7 +166,9 @@ pub fn targets(
     };
     let mut out = Vec::new();
     let mut ended = true;
-    scan(s, statement.from, &from, |row| {
+    // Identity order, whatever the index offers: the job's cursor is an identity.
+    scan_twins(s, statement.from, &from, |records| {
+        let row = twin_row(records);
         if !statement.matches(&row.value) {
             return true;
         }
@@ -207,18 +211,85 @@ fn twin_row(records: IdentityRecords) -> Row {
     }
 }
 
-/// Feeds `visit` the rows of `collection` after `from`, in identity order, until it returns
-/// false or the rows run out.
+/// Feeds `visit` the rows of `statement`'s collection after `from` until it returns false or
+/// the rows run out: through the index when a probe of the statement is indexed (in entry
+/// order), otherwise every row in identity order.
 fn scan(
     s: &Store,
-    collection: Collection,
+    statement: &Statement,
     from: &Position,
     mut visit: impl FnMut(Row) -> bool,
 ) -> Result<(), StorageError> {
+    let collection = statement.from;
     if collection == Collection::Jobs {
         return scan_device_jobs(s, from, visit);
     }
-    scan_twins(s, collection, from, |records| visit(twin_row(records)))
+    let definition = s.twin_index_definition();
+    let probe = statement
+        .index_probes()
+        .into_iter()
+        .find(|p| definition.as_ref().is_some_and(|d| d.covers(&p.path)));
+    match probe {
+        Some(p) => scan_index(s, collection == Collection::Modules, &p, from, visit),
+        None => scan_twins(s, collection, from, |records| visit(twin_row(records))),
+    }
+}
+
+/// The twins an index probe proposes, after the entry in `from`, in entry order.
+fn scan_index(
+    s: &Store,
+    modules: bool,
+    p: &IndexProbe,
+    from: &Position,
+    visit: impl FnMut(Row) -> bool,
+) -> Result<(), StorageError> {
+    scan_keyed(
+        from,
+        |after, limit| {
+            Ok(s.twin_index_page(modules, &p.path, &p.probe, after, limit)?
+                .unwrap_or_default())
+        },
+        |twin, at| Row {
+            value: twin_json(&twin),
+            at: Position {
+                d: Some(twin.identity.device_id.clone()),
+                m: twin.identity.module_id.clone(),
+                ..at
+            },
+        },
+        visit,
+    )
+}
+
+/// Items fetched a growing page at a time as `(key, item)` by `fetch(after, limit)`, from
+/// after the key in `from.k`; each becomes a row (with its key as the position) by `row`.
+fn scan_keyed<T>(
+    from: &Position,
+    mut fetch: impl FnMut(Option<&[u8]>, usize) -> Result<Vec<(Vec<u8>, T)>, StorageError>,
+    row: impl Fn(T, Position) -> Row,
+    mut visit: impl FnMut(Row) -> bool,
+) -> Result<(), StorageError> {
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut after = from.k.as_deref().and_then(|k| b64.decode(k).ok());
+    let mut step = FIRST_STEP;
+    loop {
+        let page = fetch(after.as_deref(), step)?;
+        let Some((last, _)) = page.last() else {
+            return Ok(());
+        };
+        let last = last.clone();
+        for (key, item) in page {
+            let at = Position {
+                k: Some(b64.encode(&key)),
+                ..Position::default()
+            };
+            if !visit(row(item, at)) {
+                return Ok(());
+            }
+        }
+        after = Some(last);
+        step = (step * 2).min(LARGEST_STEP);
+    }
 }
 
 /// Every device twin (`Devices`) or module twin (`Modules`), in identity order, until `visit`
@@ -245,7 +316,7 @@ pub fn each_twin(
 /// Storage errors.
 pub fn count(s: &Store, statement: &Statement) -> Result<u64, StorageError> {
     let mut n = 0;
-    scan(s, statement.from, &Position::default(), |row| {
+    scan(s, statement, &Position::default(), |row| {
         if statement.matches(&row.value) {
             n += 1;
         }
@@ -302,34 +373,17 @@ fn scan_twins(
 fn scan_device_jobs(
     s: &Store,
     from: &Position,
-    mut visit: impl FnMut(Row) -> bool,
+    visit: impl FnMut(Row) -> bool,
 ) -> Result<(), StorageError> {
-    let mut after = from
-        .k
-        .as_deref()
-        .and_then(|k| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(k).ok());
-    let mut step = FIRST_STEP;
-    loop {
-        let rows = s.device_job_rows(after.as_deref(), step)?;
-        let Some((last, _)) = rows.last() else {
-            return Ok(());
-        };
-        let last = last.clone();
-        for (key, row) in rows {
-            let at = Position {
-                k: Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&key)),
-                ..Position::default()
-            };
-            if !visit(Row {
-                value: device_job_json(&row),
-                at,
-            }) {
-                return Ok(());
-            }
-        }
-        after = Some(last);
-        step = (step * 2).min(LARGEST_STEP);
-    }
+    scan_keyed(
+        from,
+        |after, limit| s.device_job_rows(after, limit),
+        |row, at| Row {
+            value: device_job_json(&row),
+            at,
+        },
+        visit,
+    )
 }
 
 #[cfg(test)]

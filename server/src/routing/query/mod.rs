@@ -31,7 +31,8 @@
 //! - `error`: [`QueryError`].
 //! - `statement`: the twin query language's `SELECT … FROM … WHERE … GROUP BY …`
 //!   ([`Statement`]), on the expression grammar in its twin dialect (document paths, `IN`/`NIN`,
-//!   `STARTSWITH`/`ENDSWITH`); `project`: WHERE, the select list and aggregation over rows.
+//!   `STARTSWITH`/`ENDSWITH`); `project`: WHERE, the select list and aggregation over rows;
+//!   `plan`: the index probes a statement's WHERE allows.
 //!
 //! # Invariants
 //! - Parsing either succeeds or returns a [`QueryError`] that starts with the position; no
@@ -52,6 +53,7 @@ mod eval;
 mod functions;
 pub(crate) mod lex;
 pub(crate) mod parse;
+mod plan;
 mod project;
 mod statement;
 #[cfg(test)]
@@ -61,5 +63,6 @@ mod value;
 pub use condition::Condition;
 pub use error::QueryError;
 pub use eval::MessageView;
+pub use plan::IndexProbe;
 pub use project::Aggregation;
 pub use statement::{Collection, Statement, MAX_QUERY_LEN};
