@@ -133,6 +133,16 @@ def test_configurations_apply_follow_tags_and_resolve_priorities(sdk_hub, manage
         with pytest.raises(HttpOperationError) as e:
             configs.get_configuration("c-low")
         assert e.value.response.status_code == 404
+
+        # A device created later is targeted too.
+        configs.create_configuration(Configuration(
+            id="c-star", target_condition="*",
+            content=ConfigurationContent(device_content={"properties.desired": {"fleet": "yes"}})))
+        eventually(lambda: assert_equal(desired(sdk_hub, "cfg-6")[0].get("fleet"), "yes"))
+        sdk_hub.create_device("cfg-new")
+        eventually(lambda: assert_equal((desired(sdk_hub, "cfg-new")[0].get("fleet"), desired(sdk_hub, "cfg-new")[1]),
+                                        ("yes", {"c-star": {"status": "Applied"}})))
+        configs.delete_configuration("c-star")
     finally:
         client.shutdown()
 
