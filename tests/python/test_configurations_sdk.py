@@ -143,6 +143,22 @@ def test_configurations_apply_follow_tags_and_resolve_priorities(sdk_hub, manage
         eventually(lambda: assert_equal((desired(sdk_hub, "cfg-new")[0].get("fleet"), desired(sdk_hub, "cfg-new")[1]),
                                         ("yes", {"c-star": {"status": "Applied"}})))
         configs.delete_configuration("c-star")
+
+        # Module twins, through moduleContent and a FROM devices.modules target.
+        sdk_hub.create_module("cfg-1", "edge")
+        sdk_hub.create_module("cfg-1", "plain")
+        r = sdk_hub.request("PATCH", "/twins/cfg-1/modules/edge", sdk_hub.token(), json={"tags": {"role": "edge"}})
+        assert r.status_code == 200, r.text
+        configs.create_configuration(Configuration(
+            id="c-mod", target_condition="FROM devices.modules WHERE tags.role = 'edge'",
+            content=ConfigurationContent(module_content={"properties.desired.mode": "m"})))
+
+        def module_desired(m):
+            return sdk_hub.request("GET", f"/twins/cfg-1/modules/{m}", sdk_hub.token()).json()["properties"]["desired"]
+
+        eventually(lambda: assert_equal(module_desired("edge").get("mode"), "m"))
+        assert "mode" not in module_desired("plain") and "mode" not in desired(sdk_hub, "cfg-1")[0]
+        assert configs.get_configuration("c-mod").system_metrics.results == {"targetedCount": 1, "appliedCount": 1}
     finally:
         client.shutdown()
 
