@@ -18,6 +18,8 @@ pub mod defaults {
     /// resolves `localhost` to `::1` first is served as one that uses 127.0.0.1.
     pub const HTTPS_ADDR: &str = "[::]:443";
     pub const MQTT_ADDR: &str = "[::]:8883";
+    /// MQTT over QUIC (UDP), EMQX's single-stream framing.
+    pub const MQTT_QUIC_ADDR: &str = "[::]:14567";
     pub const AMQP_ADDR: &str = "[::]:5671";
     /// Metrics and health: plain HTTP, loopback only unless configured otherwise.
     pub const METRICS_ADDR: &str = "127.0.0.1:9464";
@@ -70,6 +72,8 @@ pub struct ListenersSection {
     pub https: SocketAddr,
     /// MQTT over TLS.
     pub mqtt: SocketAddr,
+    /// MQTT over QUIC (UDP; docs/mqtt.md).
+    pub mqtt_quic: SocketAddr,
     /// AMQP 1.0 over TLS: the service endpoint (C2D sends, feedback).
     pub amqp: SocketAddr,
     /// Prometheus `/metrics` and `/health/live`, `/health/ready` (plain HTTP).
@@ -81,6 +85,9 @@ impl Default for ListenersSection {
         ListenersSection {
             https: defaults::HTTPS_ADDR.parse().expect("valid default address"),
             mqtt: defaults::MQTT_ADDR.parse().expect("valid default address"),
+            mqtt_quic: defaults::MQTT_QUIC_ADDR
+                .parse()
+                .expect("valid default address"),
             amqp: defaults::AMQP_ADDR.parse().expect("valid default address"),
             metrics: defaults::METRICS_ADDR
                 .parse()

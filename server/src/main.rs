@@ -70,6 +70,9 @@ struct ServeArgs {
     /// MQTT over TLS listen address (default [::]:8883, dual-stack).
     #[arg(long, value_name = "ADDR")]
     mqtt_addr: Option<std::net::SocketAddr>,
+    /// MQTT over QUIC listen address, UDP (default [::]:14567, dual-stack).
+    #[arg(long, value_name = "ADDR")]
+    mqtt_quic_addr: Option<std::net::SocketAddr>,
     /// AMQP over TLS listen address (default [::]:5671, dual-stack).
     #[arg(long, value_name = "ADDR")]
     amqp_addr: Option<std::net::SocketAddr>,
@@ -212,6 +215,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         hub_name,
         https_addr,
         mqtt_addr,
+        mqtt_quic_addr,
         amqp_addr,
         metrics_addr,
         relaxed_durability: relaxed,
@@ -231,6 +235,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(a) = mqtt_addr {
         config.listeners.mqtt = a;
+    }
+    if let Some(a) = mqtt_quic_addr {
+        config.listeners.mqtt_quic = a;
     }
     if let Some(a) = amqp_addr {
         config.listeners.amqp = a;

@@ -309,6 +309,11 @@ pub async fn serve(
     let amqp_listener = bind(config.listeners.amqp).await?;
     let (https_addr, mqtt_addr) = (local(&https_listener)?, local(&mqtt_listener)?);
     let amqp_addr = local(&amqp_listener)?;
+    let quic = crate::transport::mqtt_quic::endpoint(config.listeners.mqtt_quic, &paths)
+        .map_err(|e| NodeError::Other(e.to_string()))?;
+    let quic_addr = quic
+        .local_addr()
+        .map_err(|e| NodeError::Other(format!("QUIC endpoint address: {e}")))?;
     let services = Services::start(store, hub, &config, clock, &shutdown).await?;
     let ctx = services.ctx.clone();
     let readiness = crate::transport::ops::Readiness::default();
@@ -351,11 +356,18 @@ pub async fn serve(
             shutdown.clone(),
             tracker.clone(),
         )),
+        tokio::spawn(crate::transport::mqtt_quic::serve(
+            quic,
+            ctx.clone(),
+            shutdown.clone(),
+            tracker.clone(),
+        )),
     ];
     // Tests and scripts read these lines to learn the bound addresses; https comes last.
     println!("listening metrics={metrics_addr}");
     println!("listening mqtt={mqtt_addr}");
     println!("listening amqp={amqp_addr}");
+    println!("listening mqtt-quic={quic_addr}");
     println!("listening https={https_addr}");
     tracing::info!(%https_addr, %mqtt_addr, %amqp_addr, %metrics_addr, "listening");
     readiness.set(true);

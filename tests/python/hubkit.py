@@ -56,6 +56,8 @@ class Hub:
         self.mqtt_addr = "127.0.0.1:0"
         self.amqp_addr = "127.0.0.1:0"
         self.amqp_port = None
+        self.quic_addr = "127.0.0.1:0"
+        self.quic_port = None
         self.metrics_addr = "127.0.0.1:0"
         self.metrics_port = None
         self.startup_lines: list[str] = []
@@ -68,7 +70,7 @@ class Hub:
         self.proc = subprocess.Popen(
             [binary(), "serve", "--data-dir", str(self.data_dir), "--https-addr", self.https_addr,
              "--mqtt-addr", self.mqtt_addr, "--amqp-addr", self.amqp_addr,
-             "--metrics-addr", self.metrics_addr, *extra_args],
+             "--metrics-addr", self.metrics_addr, "--mqtt-quic-addr", self.quic_addr, *extra_args],
             stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1,
         )
         deadline = time.time() + timeout
@@ -88,6 +90,9 @@ class Hub:
             m = re.match(r"listening amqp=.*:(\d+)$", line)
             if m:
                 self.amqp_port = int(m.group(1))
+            m = re.match(r"listening mqtt-quic=.*:(\d+)$", line)
+            if m:
+                self.quic_port = int(m.group(1))
             m = re.match(r"listening https=.*:(\d+)$", line)
             if m:
                 self.port = int(m.group(1))

@@ -75,13 +75,13 @@ def test_default_listeners_serve_ipv6_and_ipv4(tmp_path):
     try:
         listening = {}
         for line in proc.stdout:
-            m = re.match(r"listening (\w+)=(.*)$", line.strip())
+            m = re.match(r"listening ([\w-]+)=(.*)$", line.strip())
             if m:
                 listening[m.group(1)] = m.group(2)
             if "https" in listening:
                 break
         assert listening == {"metrics": "127.0.0.1:9464", "mqtt": "[::]:8883", "amqp": "[::]:5671",
-                             "https": "[::]:443"}, listening
+                             "mqtt-quic": "[::]:14567", "https": "[::]:443"}, listening
         ca = str(data / "tls" / "ca.pem")
         for port in (443, 8883, 5671):
             for host in ("::1", "127.0.0.1"):

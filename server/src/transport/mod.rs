@@ -5,6 +5,7 @@
 //! - [`https`]: TLS, then HTTP/1.1 (hyper) with a warp route table: the REST API, and the
 //!   WebSocket upgrades of [`ws`].
 //! - [`mqtt_tls`]: MQTT over TLS on 8883.
+//! - [`mqtt_quic`]: MQTT over QUIC on UDP 14567, one bidirectional stream per connection.
 //! - [`amqp_tls`]: AMQP over TLS on 5671.
 //! - [`ws`], [`ws_io`]: MQTT over WebSocket on 443, as a byte stream.
 //!
@@ -16,6 +17,7 @@
 pub mod accept;
 pub mod amqp_tls;
 pub mod https;
+pub mod mqtt_quic;
 pub mod mqtt_tls;
 pub mod ops;
 pub mod ws;

@@ -1,0 +1,155 @@
+//! MQTT over QUIC (MQT-1, issue 17): a UDP endpoint (quinn, the hub's certificate, TLS 1.3,
+//! ALPN `mqtt`) where each QUIC connection carries one MQTT 3.1.1 connection on its first
+//! client-opened bidirectional stream, byte for byte as over TCP (EMQX's single-stream mode;
+//! docs/mqtt.md). The MQTT layer gets the stream as any other transport's.
+//!
+//! # Invariants
+//! - One MQTT connection per QUIC connection: the client may open one bidirectional stream
+//!   and no unidirectional ones; the QUIC connection closes when the MQTT connection ends.
+//! - A client certificate presented in the handshake is the MQTT connection's, as over TLS.
+//! - Connection migration is on: a client whose address or port changes keeps its connection
+//!   and MQTT session (quinn validates the new path).
+//! - Limits: at most [`MAX_CONNECTIONS`] connections; while more than
+//!   [`RETRY_ABOVE_HANDSHAKES`] handshakes are in flight, an unvalidated address gets a
+//!   stateless Retry first (a flood of spoofed Initials costs the hub no state); the idle
+//!   timeout is above the longest MQTT keep-alive, which the MQTT layer enforces itself.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::crypto::rustls::QuicServerConfig;
+use quinn::{Endpoint, IdleTimeout, Incoming, ServerConfig, TransportConfig, VarInt};
+use rustls::pki_types::CertificateDer;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::hub::HubContext;
+use crate::mqtt::connection::{self, PeerInfo};
+use crate::tls::{self, TlsPaths};
+
+/// QUIC connections hold no file descriptor, but each holds memory and a session.
+pub const MAX_CONNECTIONS: usize = 16_000;
+/// Handshakes in flight above which unvalidated clients are sent a Retry.
+pub const RETRY_ABOVE_HANDSHAKES: usize = 256;
+/// Handshake plus the client's first stream.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an ended MQTT connection's QUIC connection waits for the client to close it.
+const LINGER: Duration = Duration::from_secs(2);
+/// Above IoT Hub's longest MQTT keep-alive (1,177 s, times 1.5).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(1_800);
+
+/// Why the QUIC listener could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum QuicError {
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error("QUIC TLS configuration: {0}")]
+    Crypto(String),
+    #[error("cannot listen on {addr} (UDP): {reason}")]
+    Bind { addr: SocketAddr, reason: String },
+}
+
+fn server_config(paths: &TlsPaths) -> Result<ServerConfig, QuicError> {
+    let crypto = QuicServerConfig::try_from(tls::mqtt_quic_server_config(paths)?)
+        .map_err(|e| QuicError::Crypto(e.to_string()))?;
+    let mut config = ServerConfig::with_crypto(Arc::new(crypto));
+    let mut transport = TransportConfig::default();
+    transport
+        .max_idle_timeout(IdleTimeout::try_from(IDLE_TIMEOUT).ok())
+        .max_concurrent_bidi_streams(VarInt::from_u32(1))
+        .max_concurrent_uni_streams(VarInt::from_u32(0));
+    config.transport_config(Arc::new(transport));
+    config.migration(true);
+    Ok(config)
+}
+
+/// Binds the UDP endpoint (an IPv6 unspecified address is dual-stack where the host allows).
+///
+/// # Errors
+/// [`QuicError`] for the certificate or the socket.
+pub fn endpoint(addr: SocketAddr, paths: &TlsPaths) -> Result<Endpoint, QuicError> {
+    Endpoint::server(server_config(paths)?, addr).map_err(|e| QuicError::Bind {
+        addr,
+        reason: e.to_string(),
+    })
+}
+
+/// Accepts QUIC connections until shutdown, each an MQTT connection.
+pub async fn serve(
+    endpoint: Endpoint,
+    ctx: HubContext,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let handshaking = Arc::new(AtomicUsize::new(0));
+    loop {
+        let incoming = tokio::select! {
+            i = endpoint.accept() => match i { Some(i) => i, None => break },
+            () = shutdown.cancelled() => break,
+        };
+        if !incoming.remote_address_validated()
+            && handshaking.load(Ordering::Relaxed) > RETRY_ABOVE_HANDSHAKES
+        {
+            // Only fails when the address was validated already, checked above.
+            let _ = incoming.retry();
+            continue;
+        }
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            incoming.refuse();
+            continue;
+        };
+        let (ctx, shutdown, handshaking) = (ctx.clone(), shutdown.clone(), Arc::clone(&handshaking));
+        tracker.spawn(async move {
+            let _permit = permit;
+            serve_connection(incoming, ctx, shutdown, handshaking).await;
+        });
+    }
+    endpoint.close(VarInt::from_u32(0), b"shutting down");
+}
+
+async fn serve_connection(
+    incoming: Incoming,
+    ctx: HubContext,
+    shutdown: CancellationToken,
+    handshaking: Arc<AtomicUsize>,
+) {
+    let remote = incoming.remote_address();
+    handshaking.fetch_add(1, Ordering::Relaxed);
+    let setup = tokio::time::timeout(SETUP_TIMEOUT, async {
+        let conn = incoming.await?;
+        let streams = conn.accept_bi().await?;
+        Ok::<_, quinn::ConnectionError>((conn, streams))
+    })
+    .await;
+    handshaking.fetch_sub(1, Ordering::Relaxed);
+    let (conn, (send, recv)) = match setup {
+        Ok(Ok(x)) => x,
+        Ok(Err(e)) => {
+            tracing::debug!(peer = %remote, error = %e, "QUIC connection failed before MQTT");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(peer = %remote, "QUIC handshake or first stream timed out");
+            return;
+        }
+    };
+    let client_cert = conn
+        .peer_identity()
+        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
+        .and_then(|chain| chain.first().cloned());
+    let info = PeerInfo {
+        addr: conn.remote_address(),
+        transport: "mqtt-quic",
+        client_cert,
+    };
+    let io = tokio::io::join(recv, send);
+    connection::run(io, info, ctx, shutdown).await;
+    // The stream was finished when it dropped; give what the hub wrote last (a CONNACK
+    // refusal, say) a moment to be delivered before the connection closes under it.
+    let _ = tokio::time::timeout(LINGER, conn.closed()).await;
+    conn.close(VarInt::from_u32(0), b"");
+}
