@@ -1,5 +1,6 @@
-//! A minimal MQTT 3.1.1 client over TLS for load generation and tests: CONNECT, QoS 0/1
-//! PUBLISH with PUBACK tracking, SUBSCRIBE, DISCONNECT.
+//! A minimal MQTT 3.1.1 client for load generation and tests: CONNECT, QoS 0/1 PUBLISH with
+//! PUBACK tracking, SUBSCRIBE, DISCONNECT; over TLS/TCP or over QUIC (one bidirectional
+//! stream, ALPN `mqtt`, as docs/mqtt.md describes).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,33 +11,101 @@ use futures::{SinkExt, StreamExt};
 use mqtt::control::ConnectReturnCode;
 use mqtt::packet::*;
 use mqtt::TopicName;
+use quinn::crypto::rustls::QuicClientConfig;
 use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 use tokio_util::codec::Framed;
 
-pub type Conn = Framed<TlsStream<TcpStream>, MqttCodec>;
+/// A byte stream an MQTT connection runs on.
+pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
-/// A TLS client configuration trusting one CA file (PEM).
-pub fn tls_connector(ca_pem: &std::path::Path) -> anyhow::Result<TlsConnector> {
+pub type Conn = Framed<Box<dyn Io>, MqttCodec>;
+
+fn roots(ca_pem: &std::path::Path) -> anyhow::Result<rustls::RootCertStore> {
     let mut roots = rustls::RootCertStore::empty();
     let pem = std::fs::read(ca_pem).with_context(|| format!("reading {}", ca_pem.display()))?;
     for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
         roots.add(cert?)?;
     }
+    Ok(roots)
+}
+
+/// A TLS client configuration trusting one CA file (PEM).
+pub fn tls_connector(ca_pem: &std::path::Path) -> anyhow::Result<TlsConnector> {
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
+    .with_root_certificates(roots(ca_pem)?)
     .with_no_client_auth();
     Ok(TlsConnector::from(Arc::new(config)))
 }
 
+/// How a client reaches the broker.
+#[derive(Clone)]
+pub enum Dialer {
+    /// TLS over TCP.
+    Tls(TlsConnector),
+    /// QUIC (each connection on its own UDP socket, as separate devices would be).
+    Quic(quinn::ClientConfig),
+}
+
+impl Dialer {
+    /// QUIC trusting one CA file (PEM): TLS 1.3, ALPN `mqtt`.
+    pub fn quic(ca_pem: &std::path::Path) -> anyhow::Result<Dialer> {
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots(ca_pem)?)
+        .with_no_client_auth();
+        tls.alpn_protocols = vec![b"mqtt".to_vec()];
+        let crypto = QuicClientConfig::try_from(tls).map_err(|e| anyhow!("QUIC TLS: {e}"))?;
+        Ok(Dialer::Quic(quinn::ClientConfig::new(Arc::new(crypto))))
+    }
+
+    /// Opens the byte stream to `host:port` (`host` also names the certificate).
+    pub async fn open(&self, host: &str, port: u16) -> anyhow::Result<Box<dyn Io>> {
+        let name = ServerName::try_from(host.to_string())?;
+        match self {
+            Dialer::Tls(tls) => {
+                let tcp = TcpStream::connect((host, port)).await?;
+                tcp.set_nodelay(true)?;
+                Ok(Box::new(tls.connect(name, tcp).await?))
+            }
+            Dialer::Quic(config) => {
+                let addr = tokio::net::lookup_host((host, port))
+                    .await?
+                    .next()
+                    .ok_or_else(|| anyhow!("{host} has no address"))?;
+                let local: std::net::SocketAddr = if addr.is_ipv4() {
+                    ([0, 0, 0, 0], 0).into()
+                } else {
+                    ([0u16; 8], 0).into()
+                };
+                let mut endpoint = quinn::Endpoint::client(local)?;
+                endpoint.set_default_client_config(config.clone());
+                let conn = endpoint.connect(addr, host)?.await?;
+                let (send, recv) = conn.open_bi().await?;
+                // The streams keep the connection (and its endpoint's driver) alive.
+                Ok(Box::new(tokio::io::join(recv, send)))
+            }
+        }
+    }
+}
+
+impl From<TlsConnector> for Dialer {
+    fn from(tls: TlsConnector) -> Self {
+        Dialer::Tls(tls)
+    }
+}
+
 /// Connects and completes CONNECT/CONNACK.
 pub async fn connect(
-    tls: &TlsConnector,
+    dialer: &Dialer,
     host: &str,
     port: u16,
     client_id: &str,
@@ -44,10 +113,7 @@ pub async fn connect(
     password: Option<String>,
     keep_alive: u16,
 ) -> anyhow::Result<Conn> {
-    let tcp = TcpStream::connect((host, port)).await?;
-    tcp.set_nodelay(true)?;
-    let name = ServerName::try_from(host.to_string())?;
-    let stream = tls.connect(name, tcp).await?;
+    let stream = dialer.open(host, port).await?;
     let mut conn = Framed::new(stream, MqttCodec::new(1 << 20));
     let mut c = ConnectPacket::new(client_id);
     c.set_clean_session(false);

@@ -35,7 +35,7 @@ async fn pipelined_publishes_keep_their_order() -> anyhow::Result<()> {
         None,
     );
     let mut conn = client::connect(
-        &tls,
+        &tls.clone().into(),
         "localhost",
         hub.mqtt_port,
         "pipe",

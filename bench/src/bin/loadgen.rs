@@ -1,5 +1,5 @@
-//! Load generator (PRF-2): N simulated devices send QoS 1 telemetry over MQTT/TLS and the
-//! report gives throughput and PUBACK latency percentiles as JSON.
+//! Load generator (PRF-2): N simulated devices send QoS 1 telemetry over MQTT on TLS/TCP or
+//! QUIC (`--transport`) and the report gives throughput and PUBACK latency percentiles as JSON.
 //!
 //! Against ferrohub it registers the devices first (bulk REST, one shared key) and signs real
 //! SAS tokens; against a plain MQTT broker (`--target plain`, e.g. Mosquitto) it connects
@@ -33,6 +33,13 @@ enum Target {
 
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
+enum Transport {
+    Tls,
+    Quic,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
 enum Scenario {
     /// QoS 1 telemetry; latency to PUBACK.
     Telemetry,
@@ -58,6 +65,11 @@ struct Args {
     host: String,
     #[arg(long, default_value_t = 8883)]
     mqtt_port: u16,
+    /// How devices reach the hub: TLS over TCP (`--mqtt-port`) or QUIC (`--quic-port`).
+    #[arg(long, value_enum, default_value = "tls")]
+    transport: Transport,
+    #[arg(long, default_value_t = 14567)]
+    quic_port: u16,
     #[arg(long, default_value_t = 443)]
     https_port: u16,
     /// CA certificate (PEM) the broker's certificate chains to.
@@ -98,6 +110,7 @@ struct Args {
 struct Report {
     target: Target,
     scenario: Scenario,
+    transport: Transport,
     devices: usize,
     connected: usize,
     messages_per_device: usize,
@@ -111,6 +124,21 @@ struct Report {
     /// Time to the acknowledgement: PUBACK (telemetry) or the twin 204 answer (reported).
     puback_latency: stats::Percentiles,
     first_error: Option<String>,
+}
+
+/// The devices' port for the chosen transport.
+fn mqtt_port(args: &Args) -> u16 {
+    match args.transport {
+        Transport::Tls => args.mqtt_port,
+        Transport::Quic => args.quic_port,
+    }
+}
+
+fn dialer_of(args: &Args, tls: &tokio_rustls::TlsConnector) -> Result<client::Dialer, String> {
+    match args.transport {
+        Transport::Tls => Ok(tls.clone().into()),
+        Transport::Quic => client::Dialer::quic(&args.ca).map_err(|e| format!("{e:#}")),
+    }
 }
 
 fn parse_cs(cs: &str) -> HashMap<String, String> {
@@ -128,7 +156,7 @@ struct DeviceResult {
 
 async fn run_device(
     args: Arc<Args>,
-    tls: tokio_rustls::TlsConnector,
+    dialer: client::Dialer,
     id: String,
     key: Option<String>,
     connect_gate: Arc<Semaphore>,
@@ -151,7 +179,7 @@ async fn run_device(
     };
     let permit = connect_gate.acquire().await;
     let t0 = Instant::now();
-    let conn = client::connect(&tls, &args.host, args.mqtt_port, &id, user, pass, 60).await;
+    let conn = client::connect(&dialer, &args.host, mqtt_port(&args), &id, user, pass, 60).await;
     drop(permit);
     let mut conn = match conn {
         Ok(c) => c,
@@ -271,7 +299,7 @@ async fn run_responder(
     let user = Some(format!("{}/{id}/?api-version=2021-04-12", args.host));
     let pass = sas::sign(&format!("{}/devices/{id}", args.host), &key, expiry, None);
     let permit = gate.acquire().await;
-    let mut conn = client::connect(&tls, &args.host, args.mqtt_port, &id, user, pass, 60)
+    let mut conn = client::connect(&dialer_of(&args, &tls)?, &args.host, mqtt_port(&args), &id, user, pass, 60)
         .await
         .map_err(|e| format!("{id}: {e:#}"))?;
     drop(permit);
@@ -641,6 +669,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Target::Plain => None,
     };
+    let dialer = dialer_of(&args, &tls).map_err(anyhow::Error::msg)?;
     let gate = Arc::new(Semaphore::new(args.connect_concurrency.max(1)));
     let barrier = Arc::new(tokio::sync::Barrier::new(ids.len() + 1));
     let handles: Vec<_> = ids
@@ -648,7 +677,7 @@ async fn main() -> anyhow::Result<()> {
         .map(|id| {
             tokio::spawn(run_device(
                 Arc::clone(&args),
-                tls.clone(),
+                dialer.clone(),
                 id.clone(),
                 key.clone(),
                 Arc::clone(&gate),
@@ -674,6 +703,7 @@ async fn main() -> anyhow::Result<()> {
     let report = Report {
         target: args.target,
         scenario: args.scenario,
+        transport: args.transport,
         devices: args.devices,
         connected: results.iter().filter(|r| r.connect_us.is_some()).count(),
         messages_per_device: args.messages_per_device,
