@@ -56,7 +56,7 @@ with open(inp / "devices.txt", "w") as f:
 # 2. A fresh hub.
 data = work / "hub"
 hub = subprocess.Popen([binary, "serve", "--data-dir", str(data), "--https-addr", "127.0.0.1:0",
-                        "--mqtt-addr", "127.0.0.1:0", "--amqp-addr", "127.0.0.1:0"],
+                        "--mqtt-addr", "127.0.0.1:0", "--amqp-addr", "127.0.0.1:0", "--mqtt-quic-addr", "127.0.0.1:0"],
                        stdout=subprocess.PIPE, stderr=open(work / "hub.err", "w"), text=True)
 port, owner = None, None
 for line in hub.stdout:

@@ -41,7 +41,7 @@ TOML
 run() { # routes repetition
     local n="$1" rep="$2" dir="$WORK/hub-$1-$2"
     "$FERROHUB_BIN" serve --data-dir "$dir" --config "$(config "$n")" --https-addr 127.0.0.1:18443 \
-        --mqtt-addr 127.0.0.1:18883 --amqp-addr 127.0.0.1:18671 >"$dir.out" 2>"$dir.err" &
+        --mqtt-addr 127.0.0.1:18883 --amqp-addr 127.0.0.1:18671 --mqtt-quic-addr 127.0.0.1:0 >"$dir.out" 2>"$dir.err" &
     local pid=$!
     for _ in $(seq 1 100); do grep -q "listening https" "$dir.out" 2>/dev/null && break; sleep 0.2; done
     local owner

@@ -19,7 +19,7 @@ cargo build --release --workspace --all-targets
 bench_setup
 
 # ferrohub on its own ports; its CA and server certificate also serve Mosquitto's TLS listener.
-"$FERROHUB_BIN" serve --data-dir "$WORK/hub" --https-addr 127.0.0.1:18443 --mqtt-addr 127.0.0.1:18883 --amqp-addr 127.0.0.1:18671 >"$WORK/hub.out" 2>"$WORK/hub.err" &
+"$FERROHUB_BIN" serve --data-dir "$WORK/hub" --https-addr 127.0.0.1:18443 --mqtt-addr 127.0.0.1:18883 --amqp-addr 127.0.0.1:18671 --mqtt-quic-addr 127.0.0.1:0 >"$WORK/hub.out" 2>"$WORK/hub.err" &
 for _ in $(seq 1 100); do grep -q "listening https" "$WORK/hub.out" 2>/dev/null && break; sleep 0.2; done
 OWNER="$(grep -m1 'SharedAccessKeyName=iothubowner' "$WORK/hub.out")"
 TLS="$WORK/hub/tls"

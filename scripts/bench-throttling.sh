@@ -22,7 +22,7 @@ PER="${PER:-300}"
 start_hub() { # name https mqtt amqp [config]
     local name="$1"
     "$FERROHUB_BIN" serve --data-dir "$WORK/$name" --https-addr "127.0.0.1:$2" --mqtt-addr "127.0.0.1:$3" \
-        --amqp-addr "127.0.0.1:$4" --metrics-addr 127.0.0.1:0 ${5:+--config "$5"} >"$WORK/$name.out" 2>"$WORK/$name.err" &
+        --amqp-addr "127.0.0.1:$4" --metrics-addr 127.0.0.1:0 --mqtt-quic-addr 127.0.0.1:0 ${5:+--config "$5"} >"$WORK/$name.out" 2>"$WORK/$name.err" &
     for _ in $(seq 1 100); do grep -q "listening https" "$WORK/$name.out" 2>/dev/null && break; sleep 0.2; done
 }
 # S3 x 10 allows 60,000 D2C sends/s, which this machine can exceed: raise that one limit so the

@@ -78,7 +78,7 @@ bench_prepare() {
 # listens; its first-start banner (connection strings) is in $WORK/hub.out.
 bench_start_hub() {
     "$FERROHUB_BIN" serve --data-dir "$WORK/hub" --https-addr "127.0.0.1:$1" --mqtt-addr "127.0.0.1:$2" \
-        --amqp-addr "127.0.0.1:$3" >"$WORK/hub.out" 2>"$WORK/hub.err" &
+        --amqp-addr "127.0.0.1:$3" --mqtt-quic-addr 127.0.0.1:0 >"$WORK/hub.out" 2>"$WORK/hub.err" &
     for _ in $(seq 1 100); do grep -q "listening https" "$WORK/hub.out" 2>/dev/null && break; sleep 0.2; done
     OWNER="$(grep -m1 'SharedAccessKeyName=iothubowner' "$WORK/hub.out")"
 }

@@ -1,6 +1,6 @@
 //! A minimal MQTT 3.1.1 client for load generation and tests: CONNECT, QoS 0/1 PUBLISH with
-//! PUBACK tracking, SUBSCRIBE, DISCONNECT; over TLS/TCP or over QUIC (one bidirectional
-//! stream, ALPN `mqtt`, as docs/mqtt.md describes).
+//! PUBACK tracking, SUBSCRIBE, DISCONNECT; over TLS/TCP, over QUIC (one bidirectional
+//! stream, ALPN `mqtt`, as docs/mqtt.md describes) or over WebSocket.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +51,8 @@ pub enum Dialer {
     Tls(TlsConnector),
     /// QUIC (each connection on its own UDP socket, as separate devices would be).
     Quic(quinn::ClientConfig),
+    /// WebSocket (`/$iothub/websocket`, subprotocol `mqtt`) over TLS, on the HTTPS port.
+    Ws(TlsConnector),
 }
 
 impl Dialer {
@@ -76,6 +78,7 @@ impl Dialer {
                 tcp.set_nodelay(true)?;
                 Ok(Box::new(tls.connect(name, tcp).await?))
             }
+            Dialer::Ws(tls) => Ok(Box::new(crate::ws::open(tls, host, port).await?)),
             Dialer::Quic(config) => {
                 let addr = tokio::net::lookup_host((host, port))
                     .await?

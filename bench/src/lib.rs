@@ -1,4 +1,5 @@
-//! ferrohub load generation: a small MQTT 3.1.1 client over TLS ([`client`]), AMQP connections
+//! ferrohub load generation: a small MQTT 3.1.1 client over TLS, QUIC or WebSocket
+//! ([`client`], [`ws`]), AMQP connections
 //! over TLS ([`amqp`]), one small
 //! HTTP/1.1 client for the REST API ([`http`]), device registration through it ([`registry`]),
 //! and latency statistics. The `loadgen` binary drives them; criterion benches
@@ -12,6 +13,7 @@ pub mod http;
 pub mod registry;
 pub mod segment;
 pub mod stats;
+pub mod ws;
 
 /// Runs `iters` calls of `op` spread evenly over `writers` threads (each call gets its thread's
 /// index) and returns the wall time scaled to exactly `iters` calls: the measurement for

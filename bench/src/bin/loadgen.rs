@@ -1,5 +1,5 @@
-//! Load generator (PRF-2): N simulated devices send QoS 1 telemetry over MQTT on TLS/TCP or
-//! QUIC (`--transport`) and the report gives throughput and PUBACK latency percentiles as JSON.
+//! Load generator (PRF-2): N simulated devices send QoS 1 telemetry over MQTT on TLS/TCP, QUIC
+//! or WebSocket (`--transport`) and the report gives throughput and PUBACK latency percentiles.
 //!
 //! Against ferrohub it registers the devices first (bulk REST, one shared key) and signs real
 //! SAS tokens; against a plain MQTT broker (`--target plain`, e.g. Mosquitto) it connects
@@ -36,6 +36,8 @@ enum Target {
 enum Transport {
     Tls,
     Quic,
+    /// MQTT over WebSocket on the HTTPS port (`--https-port`).
+    Ws,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, PartialEq, Eq)]
@@ -65,7 +67,8 @@ struct Args {
     host: String,
     #[arg(long, default_value_t = 8883)]
     mqtt_port: u16,
-    /// How devices reach the hub: TLS over TCP (`--mqtt-port`) or QUIC (`--quic-port`).
+    /// How devices reach the hub: TLS over TCP (`--mqtt-port`), QUIC (`--quic-port`) or
+    /// WebSocket (`--https-port`).
     #[arg(long, value_enum, default_value = "tls")]
     transport: Transport,
     #[arg(long, default_value_t = 14567)]
@@ -131,12 +134,14 @@ fn mqtt_port(args: &Args) -> u16 {
     match args.transport {
         Transport::Tls => args.mqtt_port,
         Transport::Quic => args.quic_port,
+        Transport::Ws => args.https_port,
     }
 }
 
 fn dialer_of(args: &Args, tls: &tokio_rustls::TlsConnector) -> Result<client::Dialer, String> {
     match args.transport {
         Transport::Tls => Ok(tls.clone().into()),
+        Transport::Ws => Ok(client::Dialer::Ws(tls.clone())),
         Transport::Quic => client::Dialer::quic(&args.ca).map_err(|e| format!("{e:#}")),
     }
 }
