@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quinn::crypto::rustls::QuicServerConfig;
-use quinn::{Endpoint, IdleTimeout, Incoming, ServerConfig, TransportConfig, VarInt};
+use quinn::{Endpoint, EndpointConfig, IdleTimeout, Incoming, ServerConfig, TransportConfig, VarInt};
+use socket2::{Domain, Protocol, Socket, Type};
 use rustls::pki_types::CertificateDer;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -36,6 +37,8 @@ pub const MAX_CONNECTIONS: usize = 16_000;
 pub const RETRY_ABOVE_HANDSHAKES: usize = 256;
 /// Handshake plus the client's first stream.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The UDP socket's receive and send buffers.
+const SOCKET_BUFFER: usize = 4 << 20;
 /// How long an ended MQTT connection's QUIC connection waits for the client to close it.
 const LINGER: Duration = Duration::from_secs(2);
 /// Above IoT Hub's longest MQTT keep-alive (1,177 s, times 1.5).
@@ -71,10 +74,30 @@ fn server_config(paths: &TlsPaths) -> Result<ServerConfig, QuicError> {
 /// # Errors
 /// [`QuicError`] for the certificate or the socket.
 pub fn endpoint(addr: SocketAddr, paths: &TlsPaths) -> Result<Endpoint, QuicError> {
-    Endpoint::server(server_config(paths)?, addr).map_err(|e| QuicError::Bind {
+    let bind_error = |e: std::io::Error| QuicError::Bind {
         addr,
         reason: e.to_string(),
-    })
+    };
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
+        .map_err(bind_error)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false).map_err(bind_error)?;
+    }
+    // Every device shares this one socket: the default buffers (about 200 KB) overflow when
+    // a thousand devices send at once, and each datagram lost there costs a probe timeout.
+    // The kernel caps the sizes at net.core.{r,w}mem_max.
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
+    socket.bind(&addr.into()).map_err(bind_error)?;
+    let runtime = quinn::default_runtime()
+        .ok_or_else(|| bind_error(std::io::Error::other("no async runtime")))?;
+    Endpoint::new(
+        EndpointConfig::default(),
+        Some(server_config(paths)?),
+        socket.into(),
+        runtime,
+    )
+    .map_err(bind_error)
 }
 
 /// Accepts QUIC connections until shutdown, each an MQTT connection.
