@@ -96,6 +96,9 @@ struct Args {
     /// Hard stop for the whole run, in seconds.
     #[arg(long, default_value_t = 300)]
     time_limit: u64,
+    /// Also write every PUBACK latency (µs) to this file: a JSON array per device, in send order.
+    #[arg(long)]
+    latencies_out: Option<std::path::PathBuf>,
     /// Concurrent back-end callers (methods scenario).
     #[arg(long, default_value_t = 32)]
     callers: usize,
@@ -304,9 +307,17 @@ async fn run_responder(
     let user = Some(format!("{}/{id}/?api-version=2021-04-12", args.host));
     let pass = sas::sign(&format!("{}/devices/{id}", args.host), &key, expiry, None);
     let permit = gate.acquire().await;
-    let mut conn = client::connect(&dialer_of(&args, &tls)?, &args.host, mqtt_port(&args), &id, user, pass, 60)
-        .await
-        .map_err(|e| format!("{id}: {e:#}"))?;
+    let mut conn = client::connect(
+        &dialer_of(&args, &tls)?,
+        &args.host,
+        mqtt_port(&args),
+        &id,
+        user,
+        pass,
+        60,
+    )
+    .await
+    .map_err(|e| format!("{id}: {e:#}"))?;
     drop(permit);
     let sub = mqtt::packet::SubscribePacket::new(
         1,
@@ -703,6 +714,11 @@ async fn main() -> anyhow::Result<()> {
         Ok(r) => r.into_iter().filter_map(Result::ok).collect(),
         Err(_) => anyhow::bail!("time limit of {} s reached", args.time_limit),
     };
+    if let Some(path) = &args.latencies_out {
+        let rows: Vec<&Vec<u64>> = results.iter().map(|r| &r.latencies_us).collect();
+        std::fs::write(path, serde_json::to_string(&rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     let acknowledged: usize = results.iter().map(|r| r.latencies_us.len()).sum();
     let errors: Vec<String> = results.iter().filter_map(|r| r.error.clone()).collect();
     let report = Report {

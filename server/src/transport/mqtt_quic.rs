@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quinn::crypto::rustls::QuicServerConfig;
-use quinn::{Endpoint, EndpointConfig, IdleTimeout, Incoming, ServerConfig, TransportConfig, VarInt};
+use quinn::{AckFrequencyConfig, Endpoint, EndpointConfig, IdleTimeout, Incoming, ServerConfig, TransportConfig, VarInt};
 use socket2::{Domain, Protocol, Socket, Type};
 use rustls::pki_types::CertificateDer;
 use tokio::sync::Semaphore;
@@ -43,6 +43,8 @@ const SOCKET_BUFFER: usize = 4 << 20;
 const LINGER: Duration = Duration::from_secs(2);
 /// Above IoT Hub's longest MQTT keep-alive (1,177 s, times 1.5).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(1_800);
+/// The ACK delay asked of devices that support the ACK frequency extension.
+const ACK_DELAY: Duration = Duration::from_millis(5);
 
 /// Why the QUIC listener could not start.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +66,12 @@ fn server_config(paths: &TlsPaths) -> Result<ServerConfig, QuicError> {
         .max_idle_timeout(IdleTimeout::try_from(IDLE_TIMEOUT).ok())
         .max_concurrent_bidi_streams(VarInt::from_u32(1))
         .max_concurrent_uni_streams(VarInt::from_u32(0));
+    // A lost PUBACK is found by the probe timeout, which adds the device's maximum ACK delay
+    // (25 ms by default). A device that speaks the ACK frequency extension is asked to
+    // acknowledge within ACK_DELAY instead; others keep their own.
+    let mut ack = AckFrequencyConfig::default();
+    ack.max_ack_delay(Some(ACK_DELAY));
+    transport.ack_frequency_config(Some(ack));
     config.transport_config(Arc::new(transport));
     config.migration(true);
     Ok(config)
