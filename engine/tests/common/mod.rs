@@ -37,3 +37,11 @@ pub fn raw_db(dir: &Path) -> rocksdb::DB {
     });
     rocksdb::DB::open_cf_descriptors(&opts, dir, descriptors).expect("open raw db")
 }
+
+/// Cases for a property test: `default`, or `PROPTEST_CASES` when set (longer runs outside CI).
+pub fn proptest_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
