@@ -281,6 +281,56 @@ pub struct QuerySection {
     pub indexed_paths: Vec<String>,
 }
 
+/// How long a client may take before the hub gives up on it: what keeps slow or silent clients
+/// (slow-loris) and clients that stop reading from holding a connection and its buffers.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimeoutsSection {
+    /// The whole TLS handshake (MQTT, AMQP and HTTPS listeners).
+    #[serde(with = "humantime_serde")]
+    pub tls_handshake: Duration,
+    /// From the end of the TLS handshake to a complete MQTT CONNECT.
+    #[serde(with = "humantime_serde")]
+    pub mqtt_connect: Duration,
+    /// A complete HTTP request head, from when the connection waits for one (an idle keep-alive
+    /// connection is closed after this too).
+    #[serde(with = "humantime_serde")]
+    pub http_headers: Duration,
+    /// One write to a client that is not reading: the connection is closed after this.
+    #[serde(with = "humantime_serde")]
+    pub write_stall: Duration,
+}
+
+impl Default for TimeoutsSection {
+    fn default() -> Self {
+        TimeoutsSection {
+            tls_handshake: Duration::from_secs(10),
+            mqtt_connect: Duration::from_secs(30),
+            http_headers: Duration::from_secs(60),
+            write_stall: Duration::from_secs(60),
+        }
+    }
+}
+
+impl TimeoutsSection {
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (key, value) in [
+            ("timeouts.tls_handshake", self.tls_handshake),
+            ("timeouts.mqtt_connect", self.mqtt_connect),
+            ("timeouts.http_headers", self.http_headers),
+            ("timeouts.write_stall", self.write_stall),
+        ] {
+            if value < Duration::from_millis(100) || value > Duration::from_secs(3_600) {
+                return Err(ConfigError::Invalid {
+                    key,
+                    reason: format!("{} is outside 100ms..1h", humantime::format_duration(value)),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageSection {
@@ -397,6 +447,7 @@ pub struct Config {
     pub file_upload: Option<FileUploadSection>,
     pub throttling: ThrottlingSection,
     pub query: QuerySection,
+    pub timeouts: TimeoutsSection,
 }
 
 impl Config {
@@ -448,7 +499,7 @@ impl Config {
                 ),
             });
         }
-        Ok(())
+        self.timeouts.validate()
     }
 }
 
@@ -481,7 +532,10 @@ mod tests {
     #[test]
     fn indexed_paths_are_desired_or_reported_paths() {
         let mut c = Config::default();
-        c.query.indexed_paths = vec!["properties.reported.temp".into(), "properties.desired.a.b".into()];
+        c.query.indexed_paths = vec![
+            "properties.reported.temp".into(),
+            "properties.desired.a.b".into(),
+        ];
         assert!(c.validate().is_ok());
         for bad in ["tags.x", "properties.reported", "properties.reported..x"] {
             c.query.indexed_paths = vec![bad.into()];
@@ -530,6 +584,26 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.c2d.queue_settings().lock_timeout_ms, 2000);
         assert_eq!(c.c2d.queue_settings().max_depth, 100);
+    }
+
+    #[test]
+    fn timeouts_outside_their_range_are_refused() {
+        for (text, key) in [
+            ("[timeouts]\ntls_handshake = \"50ms\"", "timeouts.tls_handshake"),
+            ("[timeouts]\nmqtt_connect = \"2h\"", "timeouts.mqtt_connect"),
+            ("[timeouts]\nhttp_headers = \"0s\"", "timeouts.http_headers"),
+            ("[timeouts]\nwrite_stall = \"61min\"", "timeouts.write_stall"),
+        ] {
+            let c: Config = toml::from_str(text).unwrap();
+            match c.validate() {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        let c: Config = toml::from_str("[timeouts]\nwrite_stall = \"3s\"").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.timeouts.write_stall, Duration::from_secs(3));
+        assert_eq!(c.timeouts.mqtt_connect, Duration::from_secs(30));
     }
 
     #[test]

@@ -196,6 +196,7 @@ impl Services {
             uploads,
             jobs: hub::scheduled_jobs::JobRunners::new(shutdown.clone()),
             configurations: hub::configurations::Reconciler::new(),
+            timeouts: config.timeouts,
         };
         hub::scheduled_jobs::resume(&ctx)
             .await
@@ -333,6 +334,7 @@ pub async fn serve(
     let listeners = vec![
         tokio::spawn(https::serve(
             https_listener,
+            config.timeouts,
             TlsAcceptor::from(tls::server_config(&paths)?),
             // WebSocket upgrades first: the REST table answers every other path.
             crate::transport::ws::routes(ctx.clone())

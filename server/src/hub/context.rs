@@ -41,6 +41,8 @@ pub struct HubContext {
     pub jobs: Arc<super::scheduled_jobs::JobRunners>,
     /// The reconciler of automatic device configurations.
     pub configurations: Arc<super::configurations::Reconciler>,
+    /// Limits on slow and silent clients.
+    pub timeouts: crate::config::TimeoutsSection,
 }
 
 impl HubContext {

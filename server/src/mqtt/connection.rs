@@ -2,7 +2,9 @@
 //!
 //! # Invariants
 //! - Nothing but CONNECT is accepted until authentication succeeded, and CONNECT must arrive
-//!   within [`CONNECT_TIMEOUT`].
+//!   within `timeouts.mqtt_connect` of the transport being ready, however slowly it is sent.
+//! - A packet the client leaves unread for `timeouts.write_stall` ends the connection; the
+//!   hub holds at most one packet being written per connection beyond its bounded queues.
 //! - A QoS 1 telemetry PUBACK is sent only after the event is durable. Appends are queued in
 //!   arrival order from this task, so a device's events keep their order, while the connection
 //!   keeps reading (at most [`MAX_INFLIGHT`] appends outstanding); PUBACKs leave in order.
@@ -43,8 +45,6 @@ use crate::hub::methods::MethodAnswer;
 use crate::hub::{AppendLane, HubContext};
 use crate::telemetry::{self, DeviceMessage};
 
-/// CONNECT must arrive within this.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest MQTT packet: a 256 KB message plus its topic and property bag.
 pub const MAX_PACKET: usize = 256 * 1024 + 64 * 1024;
 /// Telemetry appends a connection may have outstanding before it stops reading.
@@ -73,6 +73,8 @@ enum End {
     StoreFailed(String),
     /// D2C throttle, fair share or daily quota: MQTT 3.1.1 has no refusal for a PUBLISH.
     Throttled(String),
+    /// The client read nothing for this long while the hub had a packet to write to it.
+    WriteStalled(Duration),
 }
 
 /// Queued work of this connection: the packets to send when it completes, or why the
@@ -110,7 +112,7 @@ where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut framed = Framed::new(io, MqttCodec::new(MAX_PACKET));
-    let connect = match tokio::time::timeout(CONNECT_TIMEOUT, framed.next()).await {
+    let connect = match tokio::time::timeout(ctx.timeouts.mqtt_connect, framed.next()).await {
         Ok(Some(Ok(VariablePacket::ConnectPacket(c)))) => c,
         Ok(Some(Ok(other))) => {
             tracing::debug!(peer = %peer.addr, packet = ?other, "first packet was not CONNECT");
@@ -120,7 +122,11 @@ where
             tracing::debug!(peer = %peer.addr, error = %e, "malformed first packet");
             return;
         }
-        Ok(None) | Err(_) => return,
+        Ok(None) => return,
+        Err(_) => {
+            tracing::info!(peer = %peer.addr, transport = peer.transport, "no complete CONNECT within {:?}: closed", ctx.timeouts.mqtt_connect);
+            return;
+        }
     };
     // A wrong protocol version, or the device-connection throttle (THR-1): a throttled CONNECT
     // is CONNACK 3, which the SDKs retry with back-off.
@@ -347,7 +353,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 Some(result) = self.pending.next(), if !self.pending.is_empty() => {
                     match result {
                         Ok(packets) => for p in packets {
-                            if self.framed.send(p).await.is_err() { return End::Closed; }
+                            if let Some(end) = self.send(p).await { return end; }
                         },
                         Err(e) => return End::StoreFailed(e),
                     }
@@ -369,8 +375,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                             Some(id) => QoSWithPacketIdentifier::Level1(id),
                             None => QoSWithPacketIdentifier::Level0,
                         };
-                        if self.framed.send(PublishPacket::new(topic, qos, out.payload)).await.is_err() {
-                            return End::Closed;
+                        if let Some(end) = self.send(PublishPacket::new(topic, qos, out.payload)).await {
+                            return end;
                         }
                     }
                 }
@@ -391,17 +397,24 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         }
     }
 
+    /// Sends one packet. A client that leaves it unread for `timeouts.write_stall` ends the
+    /// connection, so what waits for a client that stopped reading (C2D in its window, twin
+    /// notifications and method requests in its bounded outbound queue) never grows.
+    async fn send<P: mqtt::Encodable>(&mut self, packet: P) -> Option<End> {
+        let stall = self.ctx.timeouts.write_stall;
+        match tokio::time::timeout(stall, self.framed.send(packet)).await {
+            Ok(Ok(())) => None,
+            Ok(Err(_)) => Some(End::Closed),
+            Err(_) => Some(End::WriteStalled(stall)),
+        }
+    }
+
     async fn on_packet(&mut self, packet: VariablePacket) -> Option<End> {
         match packet {
             VariablePacket::PublishPacket(p) => self.on_publish(p).await,
             VariablePacket::SubscribePacket(p) => self.on_subscribe(p).await,
             VariablePacket::UnsubscribePacket(p) => self.on_unsubscribe(p).await,
-            VariablePacket::PingreqPacket(_) => self
-                .framed
-                .send(PingrespPacket::new())
-                .await
-                .err()
-                .map(|_| End::Closed),
+            VariablePacket::PingreqPacket(_) => self.send(PingrespPacket::new()).await,
             VariablePacket::DisconnectPacket(_) => Some(End::Disconnect),
             // A C2D PUBACK completes the message (standard mode); others need no answer.
             VariablePacket::PubackPacket(p) => {
@@ -520,7 +533,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
             tokio::time::timeout_at(deadline, self.pending.next()).await
         {
             for p in packets {
-                if self.framed.send(p).await.is_err() {
+                if self.send(p).await.is_some() {
                     return;
                 }
             }
@@ -576,7 +589,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     return None;
                 }
                 let packet = twin::desired_notification(version, body)?;
-                self.framed.send(packet).await.err().map(|_| End::Closed)
+                self.send(packet).await
             }
             Outbound::MethodRequest {
                 rid,
@@ -591,7 +604,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     mqtt::TopicName::new(format!("$iothub/methods/POST/{name}/?$rid={rid}"))
                         .ok()?;
                 let packet = PublishPacket::new(topic, QoSWithPacketIdentifier::Level0, payload);
-                self.framed.send(packet).await.err().map(|_| End::Closed)
+                self.send(packet).await
             }
         }
     }
@@ -628,11 +641,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         if let Some(end) = self.save_session().await {
             return Some(end);
         }
-        self.framed
-            .send(SubackPacket::new(p.packet_identifier(), codes))
+        self.send(SubackPacket::new(p.packet_identifier(), codes))
             .await
-            .err()
-            .map(|_| End::Closed)
     }
 
     async fn on_unsubscribe(&mut self, p: UnsubscribePacket) -> Option<End> {
@@ -645,11 +655,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         if let Some(end) = self.save_session().await {
             return Some(end);
         }
-        self.framed
-            .send(UnsubackPacket::new(p.packet_identifier()))
-            .await
-            .err()
-            .map(|_| End::Closed)
+        self.send(UnsubackPacket::new(p.packet_identifier())).await
     }
 
     /// Makes the session durable before its acknowledgement (persistent sessions only).

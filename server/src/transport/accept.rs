@@ -1,7 +1,7 @@
 //! The accept loop every TCP listener uses: a connection permit is taken *before* `accept`, so
 //! at most `max_connections` sockets are open per listener; accept errors back off (1 ms to 1 s)
 //! instead of spinning; on shutdown the loop stops accepting and returns. [`accept_tls_loop`]
-//! adds the TLS handshake the MQTT and AMQP listeners share.
+//! adds the TLS handshake the MQTT and AMQP listeners share, cut off at its timeout.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -53,14 +53,13 @@ pub async fn accept_loop<F, Fut>(
     }
 }
 
-/// How long a client has to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// [`accept_loop`] with a TLS handshake (under [`HANDSHAKE_TIMEOUT`]) before `protocol` gets
-/// the stream; `name` labels the failures in the log.
+/// [`accept_loop`] with a TLS handshake (within `handshake_timeout`, however slowly the client
+/// sends) before `protocol` gets the stream; `name` labels the failures in the log.
+#[allow(clippy::too_many_arguments)]
 pub async fn accept_tls_loop<F, Fut>(
     listener: TcpListener,
     acceptor: TlsAcceptor,
+    handshake_timeout: Duration,
     max_connections: usize,
     shutdown: CancellationToken,
     tracker: TaskTracker,
@@ -84,10 +83,10 @@ pub async fn accept_tls_loop<F, Fut>(
                 inner_shutdown.clone(),
             );
             async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
                     Ok(Ok(tls)) => protocol(tls, peer, shutdown).await,
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "{name} TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "{name} TLS handshake timed out"),
+                    Err(_) => tracing::info!(%peer, "{name} TLS handshake not finished in {handshake_timeout:?}: closed"),
                 }
             }
         },

@@ -1,5 +1,6 @@
 //! The HTTPS listener: TLS accept under a timeout, then HTTP/1.1 served by hyper with the warp
-//! route table (the REST API and MQTT over WebSocket share port 443).
+//! route table (the REST API and MQTT over WebSocket share port 443). Request heads must arrive
+//! within `timeouts.http_headers`.
 //!
 //! Each request carries the client's address and the shutdown signal in its extensions, so
 //! upgraded WebSocket connections know both. On shutdown the listener stops accepting and open
@@ -17,14 +18,14 @@ use warp::filters::BoxedFilter;
 
 use super::accept::accept_loop;
 use super::ws::{PeerAddr, ShutdownSignal};
+use crate::config::TimeoutsSection;
 
-/// A TLS handshake that takes longer than this is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most concurrent HTTPS connections (WebSocket devices included).
 const MAX_CONNECTIONS: usize = 2048;
 
 pub async fn serve(
     listener: TcpListener,
+    timeouts: TimeoutsSection,
     acceptor: TlsAcceptor,
     routes: BoxedFilter<(warp::reply::Response,)>,
     shutdown: CancellationToken,
@@ -36,7 +37,16 @@ pub async fn serve(
         MAX_CONNECTIONS,
         shutdown,
         tracker,
-        move |tcp, peer| handle(tcp, peer, acceptor.clone(), routes.clone(), inner.clone()),
+        move |tcp, peer| {
+            handle(
+                tcp,
+                peer,
+                timeouts,
+                acceptor.clone(),
+                routes.clone(),
+                inner.clone(),
+            )
+        },
     )
     .await
 }
@@ -44,18 +54,19 @@ pub async fn serve(
 async fn handle(
     tcp: TcpStream,
     peer: SocketAddr,
+    timeouts: TimeoutsSection,
     acceptor: TlsAcceptor,
     routes: BoxedFilter<(warp::reply::Response,)>,
     shutdown: CancellationToken,
 ) {
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+    let tls = match tokio::time::timeout(timeouts.tls_handshake, acceptor.accept(tcp)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "TLS handshake failed");
             return;
         }
         Err(_) => {
-            tracing::debug!(%peer, "TLS handshake timed out");
+            tracing::info!(%peer, "HTTPS TLS handshake not finished in {:?}: closed", timeouts.tls_handshake);
             return;
         }
     };
@@ -67,8 +78,11 @@ async fn handle(
         let mut svc = warp_service.clone();
         async move { svc.call(req).await }
     });
+    // The header timeout runs from when the connection waits for a request head, so it also
+    // ends idle keep-alive connections (clients reopen them) and slow-loris clients alike.
     let conn = hyper::server::conn::Http::new()
         .http1_only(true)
+        .http1_header_read_timeout(timeouts.http_headers)
         .serve_connection(tls, service)
         .with_upgrades();
     tokio::pin!(conn);

@@ -20,9 +20,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quinn::crypto::rustls::QuicServerConfig;
-use quinn::{AckFrequencyConfig, Endpoint, EndpointConfig, IdleTimeout, Incoming, ServerConfig, TransportConfig, VarInt};
-use socket2::{Domain, Protocol, Socket, Type};
+use quinn::{
+    AckFrequencyConfig, Endpoint, EndpointConfig, IdleTimeout, Incoming, ServerConfig,
+    TransportConfig, VarInt,
+};
 use rustls::pki_types::CertificateDer;
+use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -133,7 +136,8 @@ pub async fn serve(
             incoming.refuse();
             continue;
         };
-        let (ctx, shutdown, handshaking) = (ctx.clone(), shutdown.clone(), Arc::clone(&handshaking));
+        let (ctx, shutdown, handshaking) =
+            (ctx.clone(), shutdown.clone(), Arc::clone(&handshaking));
         tracker.spawn(async move {
             let _permit = permit;
             serve_connection(incoming, ctx, shutdown, handshaking).await;

@@ -23,6 +23,7 @@ pub async fn serve(
     accept_tls_loop(
         listener,
         acceptor,
+        ctx.timeouts.tls_handshake,
         MAX_CONNECTIONS,
         shutdown,
         tracker,
