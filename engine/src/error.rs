@@ -32,6 +32,10 @@ pub enum StorageError {
     /// RocksDB reported an error (I/O, its own checksums, ...).
     #[error("storage backend error: {0}")]
     Backend(String),
+    /// This durable write failed (a full disk, an I/O error): it is not applied, and the engine
+    /// now refuses writes until restarted.
+    #[error("durable write failed, nothing of it applied; writes are refused until restart: {0}")]
+    WriteFailed(String),
     /// An earlier durable write failed; the engine refuses writes until restarted.
     #[error("storage is poisoned after a failed durable write; restart the hub")]
     Poisoned,

@@ -8,7 +8,7 @@
 
 use ferrohub_engine::c2d::C2dError;
 use ferrohub_engine::d2c::D2cError;
-use ferrohub_engine::{HubError, RegistryError, TwinError};
+use ferrohub_engine::{HubError, RegistryError, StorageError, TwinError};
 use warp::http::StatusCode;
 
 /// `(HTTP status, IoT Hub error name, IoT Hub error number)`.
@@ -16,6 +16,21 @@ pub type ErrorCode = (StatusCode, &'static str, u32);
 
 /// A failure of the hub itself (storage), never of the request.
 pub const SERVER_ERROR: ErrorCode = (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001);
+/// The hub cannot take writes now (a durable write failed: a full disk, an I/O error); reads
+/// still work. IoT Hub's ServiceUnavailable, which clients retry.
+pub const SERVICE_UNAVAILABLE: ErrorCode =
+    (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", 503001);
+
+/// A storage failure: 503 while writes are refused, otherwise a server error.
+pub fn storage(e: &StorageError) -> ErrorCode {
+    match e {
+        StorageError::WriteFailed(_) | StorageError::Poisoned | StorageError::Closed => {
+            SERVICE_UNAVAILABLE
+        }
+        _ => SERVER_ERROR,
+    }
+}
+
 /// Input that parses but is not allowed.
 pub const ARGUMENT_INVALID: ErrorCode = (StatusCode::BAD_REQUEST, "ArgumentInvalid", 400004);
 /// A resource the service does not name more precisely.
@@ -47,7 +62,7 @@ pub fn registry(e: &RegistryError) -> ErrorCode {
         ),
         E::TooManyInBulk { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "TooManyDevices", 413002),
         E::Invalid(_) => ARGUMENT_INVALID,
-        E::Storage(_) => SERVER_ERROR,
+        E::Storage(e) => storage(e),
     }
 }
 
@@ -60,7 +75,7 @@ pub fn twin(e: &TwinError) -> ErrorCode {
         TwinError::NotFound { .. } => MODULE_NOT_FOUND,
         TwinError::EtagMismatch { .. } => PRECONDITION_FAILED,
         TwinError::Invalid(_) => ARGUMENT_INVALID,
-        TwinError::Storage(_) => SERVER_ERROR,
+        TwinError::Storage(e) => storage(e),
     }
 }
 
@@ -79,7 +94,7 @@ pub fn c2d(e: &C2dError) -> ErrorCode {
             "DeviceMessageLockLost",
             412002,
         ),
-        C2dError::Storage(_) => SERVER_ERROR,
+        C2dError::Storage(e) => storage(e),
     }
 }
 
@@ -95,7 +110,7 @@ pub fn d2c(e: &D2cError) -> ErrorCode {
         E::EndpointInUse { .. } => (StatusCode::CONFLICT, "EndpointInUse", 409000),
         E::NoSuchEndpoint(_) => (StatusCode::NOT_FOUND, "EndpointNotFound", 404000),
         E::EndpointExists(_) => (StatusCode::CONFLICT, "EndpointAlreadyExists", 409000),
-        E::Storage(_) => SERVER_ERROR,
+        E::Storage(e) => storage(e),
     }
 }
 
@@ -103,7 +118,8 @@ pub fn d2c(e: &D2cError) -> ErrorCode {
 pub fn hub(e: &HubError) -> ErrorCode {
     match e {
         HubError::Invalid(_) => ARGUMENT_INVALID,
-        HubError::NotInitialised | HubError::Storage(_) => SERVER_ERROR,
+        HubError::NotInitialised => SERVER_ERROR,
+        HubError::Storage(e) => storage(e),
     }
 }
 

@@ -276,6 +276,6 @@ fn write_group(
     db.write_opt(wb, wo).map_err(|e| {
         shared.poisoned.store(true, Ordering::Release);
         tracing::error!(error = %e, "durable write failed; refusing further writes");
-        StorageError::Backend(e.into_string())
+        StorageError::WriteFailed(e.into_string())
     })
 }

@@ -92,7 +92,7 @@ impl ApiError {
                 (StatusCode::UNAUTHORIZED, "IotHubUnauthorizedAccess", 401002)
             }
             ApiError::BadRequest { code, number, .. } => (StatusCode::BAD_REQUEST, code, *number),
-            ApiError::Storage(_) => error_codes::SERVER_ERROR,
+            ApiError::Storage(e) => error_codes::storage(e),
             ApiError::Coded {
                 status,
                 code,
@@ -113,7 +113,7 @@ impl ApiError {
                         error_codes::ARGUMENT_INVALID
                     }
                     E::NotFound(_) => error_codes::NOT_FOUND,
-                    E::Storage(_) => error_codes::SERVER_ERROR,
+                    E::Storage(e) => error_codes::storage(e),
                 }
             }
             ApiError::Registry(e) => error_codes::registry(e),
@@ -130,7 +130,7 @@ impl ApiError {
                 match e {
                     E::AnotherActive { .. } => (StatusCode::FORBIDDEN, "JobQuotaExceeded", 403003),
                     E::NotFound(_) => (StatusCode::NOT_FOUND, "JobNotFound", 404002),
-                    E::Storage(_) => error_codes::SERVER_ERROR,
+                    E::Storage(e) => error_codes::storage(e),
                 }
             }
             ApiError::ScheduledJob(e) => {
@@ -138,7 +138,7 @@ impl ApiError {
                 match e {
                     E::AlreadyExists(_) => (StatusCode::CONFLICT, "JobAlreadyExists", 409001),
                     E::NotFound(_) => (StatusCode::NOT_FOUND, "JobNotFound", 404002),
-                    E::Storage(_) => error_codes::SERVER_ERROR,
+                    E::Storage(e) => error_codes::storage(e),
                 }
             }
         }
