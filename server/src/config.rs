@@ -78,6 +78,9 @@ pub struct ListenersSection {
     pub amqp: SocketAddr,
     /// Prometheus `/metrics` and `/health/live`, `/health/ready` (plain HTTP).
     pub metrics: SocketAddr,
+    /// MQTT/TLS connections served at once; more are closed as they arrive. The process may
+    /// hold about 20,000 files here, shared with HTTPS, AMQP and the store.
+    pub mqtt_max_connections: usize,
 }
 
 impl Default for ListenersSection {
@@ -92,6 +95,7 @@ impl Default for ListenersSection {
             metrics: defaults::METRICS_ADDR
                 .parse()
                 .expect("valid default address"),
+            mqtt_max_connections: 16_000,
         }
     }
 }

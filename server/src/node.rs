@@ -346,6 +346,7 @@ pub async fn serve(
         )),
         tokio::spawn(mqtt_tls::serve(
             mqtt_listener,
+            config.listeners.mqtt_max_connections,
             TlsAcceptor::from(tls::mqtt_server_config(&paths)?),
             ctx.clone(),
             shutdown.clone(),

@@ -6,6 +6,7 @@ stays flat and every other device is served as usual.
 The hub runs with short timeouts ([timeouts] in its config) so each case takes seconds."""
 
 import concurrent.futures
+import select
 import socket
 import ssl
 import time
@@ -177,3 +178,56 @@ def test_a_device_that_stops_reading_is_disconnected_and_costs_bounded_memory(hu
     again.close()
     twin = hub.request("GET", "/twins/deaf", hub.token()).json()
     assert twin["properties"]["desired"]["n"] == i
+
+
+def test_a_connection_flood_beyond_the_limit_is_refused_and_connected_devices_are_served(tmp_path):
+    config = tmp_path / "flood.toml"
+    config.write_text("[listeners]\nmqtt_max_connections = 20\n")
+    hub = Hub(tmp_path / "flood").start(["--config", str(config)])
+    try:
+        for i in range(5):
+            hub.create_device(f"d{i}")
+        devices = [connect_device(hub, f"d{i}") for i in range(5)]
+        # 200 TCP connections at once, far beyond the limit of 20 (5 of them taken).
+        flood = [socket.create_connection(("127.0.0.1", hub.mqtt_port), timeout=10) for _ in range(200)]
+        refused = count_closed(flood, 3)
+        # Everything beyond the free 15 slots was closed at once, not left waiting.
+        assert refused >= 200 - 15, refused
+        for i, c in enumerate(devices):
+            c.publish(f"devices/d{i}/messages/events/", b"x", qos=1, pkid=1)
+            c.expect_puback(1)
+        for s in flood:
+            s.close()
+        metrics = requests.get(f"http://127.0.0.1:{hub.metrics_port}/metrics", timeout=10).text
+        assert any(line.startswith("ferrohub_connections_refused_total") and float(line.split()[-1]) >= 185
+                   for line in metrics.splitlines()), metrics
+        assert "connection limit reached" in hub.stderr_path.read_text()
+        # When the flood is gone, new devices connect again.
+        hub.create_device("late")
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                late = connect_device(hub, "late")
+                break
+            except (OSError, AssertionError, ssl.SSLError):
+                assert time.monotonic() < deadline, "no slot came back"
+                time.sleep(0.2)
+        late.close()
+    finally:
+        hub.kill()
+
+
+def count_closed(sockets, seconds: float) -> int:
+    """How many of `sockets` the peer closes within `seconds`."""
+    pending, closed = set(sockets), 0
+    deadline = time.monotonic() + seconds
+    while pending and time.monotonic() < deadline:
+        readable, _, _ = select.select(list(pending), [], [], 0.1)
+        for s in readable:
+            try:
+                data = s.recv(1)
+            except OSError:
+                data = b""
+            closed += data == b""
+            pending.discard(s)
+    return closed

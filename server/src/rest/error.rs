@@ -185,10 +185,12 @@ pub async fn recover(rejection: warp::Rejection) -> Result<warp::reply::Response
         return Ok(e.into_response());
     } else if rejection.is_not_found() {
         ApiError::NotFound("no such endpoint".into())
+    } else if rejection.find::<warp::reject::PayloadTooLarge>().is_some() {
+        // Before MethodNotAllowed: the route that refused the body matched the method, while
+        // routes for other methods on the same path add a MethodNotAllowed to the rejection.
+        ApiError::PayloadTooLarge
     } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
         ApiError::MethodNotAllowed
-    } else if rejection.find::<warp::reject::PayloadTooLarge>().is_some() {
-        ApiError::PayloadTooLarge
     } else if let Some(e) = rejection.find::<warp::reject::InvalidQuery>() {
         ApiError::format(e.to_string())
     } else if let Some(e) = rejection.find::<warp::reject::InvalidHeader>() {

@@ -1,12 +1,13 @@
-//! The accept loop every TCP listener uses: a connection permit is taken *before* `accept`, so
-//! at most `max_connections` sockets are open per listener; accept errors back off (1 ms to 1 s)
-//! instead of spinning; on shutdown the loop stops accepting and returns. [`accept_tls_loop`]
+//! The accept loop every TCP listener uses: at most `max_connections` connections are served per
+//! listener, and one accepted beyond that is closed at once (counted in
+//! `ferrohub_connections_refused_total`); accept errors back off (1 ms to 1 s) instead of
+//! spinning; on shutdown the loop stops accepting and returns. [`accept_tls_loop`]
 //! adds the TLS handshake the MQTT and AMQP listeners share, cut off at its timeout.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -27,11 +28,8 @@ pub async fn accept_loop<F, Fut>(
 {
     let permits = Arc::new(Semaphore::new(max_connections));
     let mut backoff = Duration::from_millis(1);
+    let mut last_warning: Option<Instant> = None;
     loop {
-        let permit = tokio::select! {
-            p = Arc::clone(&permits).acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-            _ = shutdown.cancelled() => return,
-        };
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => { backoff = Duration::from_millis(1); x }
@@ -43,6 +41,18 @@ pub async fn accept_loop<F, Fut>(
                 }
             },
             _ = shutdown.cancelled() => return,
+        };
+        // At the limit a new connection is closed at once: the client learns it now and retries
+        // with its back-off, instead of waiting in the listen backlog for a slot.
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            metrics::counter!("ferrohub_connections_refused_total", "reason" => "limit")
+                .increment(1);
+            if last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                tracing::warn!(%peer, max_connections, "connection limit reached: refusing new connections");
+                last_warning = Some(Instant::now());
+            }
+            drop(tcp);
+            continue;
         };
         let _ = tcp.set_nodelay(true);
         let fut = handle(tcp, peer);

@@ -10,11 +10,9 @@ use super::accept::accept_tls_loop;
 use crate::hub::HubContext;
 use crate::mqtt::connection::{self, PeerInfo};
 
-/// The process may hold about 20,000 files; MQTT gets most of them.
-pub const MAX_CONNECTIONS: usize = 16_000;
-
 pub async fn serve(
     listener: TcpListener,
+    max_connections: usize,
     acceptor: TlsAcceptor,
     ctx: HubContext,
     shutdown: CancellationToken,
@@ -24,7 +22,7 @@ pub async fn serve(
         listener,
         acceptor,
         ctx.timeouts.tls_handshake,
-        MAX_CONNECTIONS,
+        max_connections,
         shutdown,
         tracker,
         "MQTT",

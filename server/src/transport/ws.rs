@@ -65,6 +65,7 @@ fn amqp(
                 let ctx = ctx.clone();
                 let upgrade = ws
                     .max_message_size(MAX_AMQP_WS_MESSAGE)
+                    .max_frame_size(MAX_AMQP_WS_MESSAGE)
                     .on_upgrade(move |socket| {
                         crate::amqp::serve(WsIo::new(socket), addr, ctx, shutdown)
                     });
@@ -84,7 +85,7 @@ fn mqtt(
             move |ws: warp::ws::Ws, (addr, shutdown): (SocketAddr, CancellationToken)| {
                 let ctx = ctx.clone();
                 let upgrade =
-                    ws.max_message_size(MAX_PACKET)
+                    ws.max_message_size(MAX_PACKET).max_frame_size(MAX_PACKET)
                         .on_upgrade(move |socket| async move {
                             let peer = PeerInfo {
                                 addr,
