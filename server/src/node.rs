@@ -103,23 +103,24 @@ pub fn initialise_settings(
 /// Opens the store and makes sure the hub and its TLS material exist. Returns the store, the
 /// settings, and whether this call initialised the hub. Blocking: call it before serving or
 /// on the blocking pool.
+/// The engine settings the configuration asks for.
+fn store_config(config: &Config) -> StoreConfig {
+    StoreConfig {
+        durability: match config.storage.durability {
+            DurabilitySetting::Synced => Durability::Synced,
+            DurabilitySetting::Relaxed => Durability::Relaxed,
+        },
+        d2c_partitions: config.d2c.partitions,
+        ..StoreConfig::default()
+    }
+}
+
 pub fn initialise(
     data_dir: &Path,
     config: &Config,
     clock: &Clock,
 ) -> Result<(Arc<Store>, HubSettings, bool), NodeError> {
-    let durability = match config.storage.durability {
-        DurabilitySetting::Synced => Durability::Synced,
-        DurabilitySetting::Relaxed => Durability::Relaxed,
-    };
-    let store = Store::open(
-        &db_path(data_dir),
-        StoreConfig {
-            durability,
-            d2c_partitions: config.d2c.partitions,
-            ..StoreConfig::default()
-        },
-    )?;
+    let store = Store::open(&db_path(data_dir), store_config(config))?;
     let (hub, first_start) = initialise_settings(&store, config, clock)?;
     tls::ensure_material(&TlsPaths::new(data_dir), &hub.hub_name, &hub.host_name)?;
     Ok((Arc::new(store), hub, first_start))
@@ -317,6 +318,16 @@ pub async fn serve(
         .map_err(|e| NodeError::Other(format!("QUIC endpoint address: {e}")))?;
     let services = Services::start(store, hub, &config, clock, &shutdown).await?;
     let ctx = services.ctx.clone();
+    let recovery = tokio::spawn(hub::storage_recovery::run(
+        ctx.store.clone(),
+        hub::storage_recovery::Recovery {
+            data_dir: data_dir.to_path_buf(),
+            db_dir: db_path(data_dir),
+            config: store_config(&config),
+            indexed_paths: config.query.indexed_paths.clone(),
+        },
+        shutdown.clone(),
+    ));
     let readiness = crate::transport::ops::Readiness::default();
     // The ops listener outlives the drain, so readiness can be seen going false.
     let ops_stop = CancellationToken::new();
@@ -382,6 +393,7 @@ pub async fn serve(
         let _ = t.await;
     }
     services.join().await;
+    let _ = recovery.await;
     tracker.close();
     if tokio::time::timeout(DRAIN_TIMEOUT, tracker.wait())
         .await

@@ -31,6 +31,7 @@ use parking_lot::Mutex;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::d2c_notify::D2cNotify;
+use super::store_handle::StoreSlot;
 
 /// Decides what to append for one message, on the blocking pool: routing that reads twins.
 pub type Prepare = Box<dyn FnOnce(&Store) -> Vec<NewEvent> + Send>;
@@ -88,7 +89,7 @@ struct Queue {
 }
 
 struct Lane {
-    store: Arc<Store>,
+    store: Arc<StoreSlot>,
     admission: Arc<Semaphore>,
     readers: Arc<D2cNotify>,
     queue: Mutex<Queue>,
@@ -100,7 +101,7 @@ pub struct AppendLane(Arc<Lane>);
 
 impl AppendLane {
     pub(super) fn new(
-        store: Arc<Store>,
+        store: Arc<StoreSlot>,
         admission: Arc<Semaphore>,
         readers: Arc<D2cNotify>,
     ) -> Self {
@@ -151,12 +152,12 @@ impl AppendLane {
     fn stage_or_queue(&self, mut message: Message, now: UnixMillis, completion: Completion) {
         let mut q = self.0.queue.lock();
         if q.jobs.is_empty() && !q.draining {
-            if let Message::Routed(events) = message {
-                match self
-                    .0
-                    .store
-                    .try_append_events_then(events, now, completion.on_durable())
-                {
+            // While storage recovery holds the slot, the queued path waits for it instead.
+            if let (Message::Routed(_), Some(store)) = (&message, self.0.store.try_current()) {
+                let Message::Routed(events) = message else {
+                    unreachable!("matched above")
+                };
+                match store.try_append_events_then(events, now, completion.on_durable()) {
                     Ok(Ok(())) => return,
                     Ok(Err(would_wait)) => message = Message::Routed(would_wait.events),
                     Err(e) => return completion.finish(Err(e)),
@@ -199,7 +200,11 @@ impl Lane {
             now,
             completion,
         } = job;
-        let store = &self.store;
+        let store = match self.store.current() {
+            Ok(s) => s,
+            Err(e) => return completion.finish(Err(D2cError::Storage(e))),
+        };
+        let store = &*store;
         let events = match message {
             Message::Routed(events) => events,
             // A panic in routing must not wedge the lane: the message fails, the lane goes on.

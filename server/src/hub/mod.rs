@@ -1,7 +1,8 @@
 //! The hub: state shared by every protocol adapter, between them and the engine.
 //!
 //! # Layout
-//! - [`store_handle`] and [`append_lane`]: the one async seam to the engine.
+//! - [`store_handle`] and [`append_lane`]: the one async seam to the engine;
+//!   [`storage_recovery`] reopens a store that refuses writes once space returns.
 //! - [`authenticator`]: credentials in, a principal (or a typed refusal) out.
 //! - [`connections`]: who is connected, and the outbound queues to them.
 //! - [`methods`]: direct method calls in flight.
@@ -42,6 +43,7 @@ pub mod methods;
 pub mod partition_readers;
 pub mod retention;
 pub mod routes;
+pub mod storage_recovery;
 pub mod store_handle;
 pub mod throttle;
 pub mod twin_query;
