@@ -89,15 +89,18 @@ def test_a_full_disk_refuses_writes_keeps_reads_and_loses_nothing_acknowledged(s
         assert requests.get(f"{base}/health/ready", timeout=5).status_code == 503
         assert "durable write failed" in hub.stderr_path.read_text()
 
-        # Space returns: the hub reopens its store by itself and takes writes again.
+        # Space returns: the hub reopens its store by itself and takes writes again. (The token
+        # is made first: the CLI that makes it opens the store read-only, which can race the
+        # hub's reopen.)
+        token = hub.token()
         os.remove(small_fs / "filler")
         deadline = time.monotonic() + 30
-        while hub.request("PUT", "/devices/d2", hub.token(), json={"deviceId": "d2"}).status_code != 200:
+        while hub.request("PUT", "/devices/d2", token, json={"deviceId": "d2"}).status_code != 200:
             assert time.monotonic() < deadline, "writes did not resume when space returned"
             time.sleep(0.5)
         assert requests.get(f"{base}/health/ready", timeout=5).status_code == 200
         assert "storage recovered" in hub.stderr_path.read_text()
-        bodies = [base64.b64decode(e["body"]).decode() for e in hub.events_of("d1")]
+        bodies = [base64.b64decode(e["body"]).decode() for e in hub.events_of("d1")]  # After the reopen.
         assert bodies[: len(acked)] == acked, (len(bodies), len(acked))
         assert len(bodies) - len(acked) in (0, 1), len(bodies) - len(acked)
         client = connect_device(hub, "d1")

@@ -31,7 +31,7 @@ use parking_lot::Mutex;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::d2c_notify::D2cNotify;
-use super::store_handle::StoreSlot;
+use super::store_slot::StoreSlot;
 
 /// Decides what to append for one message, on the blocking pool: routing that reads twins.
 pub type Prepare = Box<dyn FnOnce(&Store) -> Vec<NewEvent> + Send>;

@@ -45,6 +45,7 @@ pub mod retention;
 pub mod routes;
 pub mod storage_recovery;
 pub mod store_handle;
+pub mod store_slot;
 pub mod throttle;
 pub mod twin_query;
 pub mod twin_rows;

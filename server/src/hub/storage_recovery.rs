@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use ferrohub_engine::{Store, StoreConfig};
 use tokio_util::sync::CancellationToken;
 
-use super::store_handle::StoreSlot;
+use super::store_slot::StoreSlot;
 use super::StoreHandle;
 
 /// How often a store that refuses writes is looked at.

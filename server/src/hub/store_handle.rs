@@ -11,64 +11,18 @@
 //!   instead of parking a worker thread in the engine's blocking submit.
 //! - Calls through `run` may block their blocking-pool thread while a write is synced; many
 //!   such waiters are exactly what lets the committer fold their writes into one sync.
-//! - The store sits in a [`StoreSlot`] that every handle and lane reads per call, so
+//! - The store sits in a [`StoreSlot`] (see [`super::store_slot`]) that every handle and lane reads per call, so
 //!   [`super::storage_recovery`] can put a reopened store in place of a poisoned one; nothing
 //!   else keeps an `Arc<Store>` beyond one call.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ferrohub_engine::{CommitHold, StorageError, Store};
-use parking_lot::RwLock;
 use tokio::sync::Semaphore;
 
 use super::append_lane::AppendLane;
 use super::d2c_notify::D2cNotify;
-
-/// The store in use. `None` only while storage recovery could open neither a writable nor a
-/// read-only store; `read_only` while it serves a read-only one.
-pub struct StoreSlot {
-    store: RwLock<Option<Arc<Store>>>,
-    read_only: AtomicBool,
-}
-
-impl StoreSlot {
-    fn new(store: Arc<Store>) -> Self {
-        StoreSlot {
-            store: RwLock::new(Some(store)),
-            read_only: AtomicBool::new(false),
-        }
-    }
-
-    /// The store for one call.
-    ///
-    /// # Errors
-    /// [`StorageError::Closed`] while there is none.
-    pub fn current(&self) -> Result<Arc<Store>, StorageError> {
-        self.store.read().clone().ok_or(StorageError::Closed)
-    }
-
-    /// The store without waiting: `None` while recovery holds the slot (or there is none).
-    /// For callers on a runtime thread.
-    pub fn try_current(&self) -> Option<Arc<Store>> {
-        self.store.try_read()?.clone()
-    }
-
-    /// Whether writes are refused: the store is poisoned, read-only, or missing.
-    pub fn refuses_writes(&self) -> bool {
-        self.read_only.load(Ordering::Acquire)
-            || self.store.read().as_ref().is_none_or(|s| s.is_poisoned())
-    }
-
-    /// Exclusive access for replacing the store (storage recovery only).
-    pub(super) fn replace(&self) -> parking_lot::RwLockWriteGuard<'_, Option<Arc<Store>>> {
-        self.store.write()
-    }
-
-    pub(super) fn set_read_only(&self, read_only: bool) {
-        self.read_only.store(read_only, Ordering::Release);
-    }
-}
+use super::store_slot::StoreSlot;
 
 #[derive(Clone)]
 pub struct StoreHandle {
