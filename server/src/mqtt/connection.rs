@@ -47,6 +47,12 @@ use crate::telemetry::{self, DeviceMessage};
 
 /// Largest MQTT packet: a 256 KB message plus its topic and property bag.
 pub const MAX_PACKET: usize = 256 * 1024 + 64 * 1024;
+/// Initial read and write buffer of a connection.
+const BUFFER_START: usize = 512;
+/// An empty buffer larger than this is replaced by a small one.
+const SHRINK_ABOVE: usize = 16 * 1024;
+/// Bytes of queued packets that make a write flush (tokio-util's default).
+const WRITE_BATCH: usize = 8 * 1024;
 /// Telemetry appends a connection may have outstanding before it stops reading.
 pub const MAX_INFLIGHT: usize = 64;
 /// Keep-alive timeouts are capped here (1.5 × IoT Hub's maximum keep-alive of 1177 s).
@@ -111,7 +117,10 @@ pub async fn run<IO>(io: IO, peer: PeerInfo, ctx: HubContext, shutdown: Cancella
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let mut framed = Framed::new(io, MqttCodec::new(MAX_PACKET));
+    // Buffers start small and grow with the traffic, so an idle device costs little; writes
+    // are still flushed in batches of up to WRITE_BATCH bytes.
+    let mut framed = Framed::with_capacity(io, MqttCodec::new(MAX_PACKET), BUFFER_START);
+    framed.set_backpressure_boundary(WRITE_BATCH);
     let connect = match tokio::time::timeout(ctx.timeouts.mqtt_connect, framed.next()).await {
         Ok(Some(Ok(VariablePacket::ConnectPacket(c)))) => c,
         Ok(Some(Ok(other))) => {
@@ -389,7 +398,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                         None => return End::Closed,
                         Some(Err(CodecError::Io(_))) => return End::Closed,
                         Some(Err(e)) => return End::Violation(e.to_string()),
-                        Some(Ok(p)) => if let Some(end) = self.on_packet(p).await { return end; },
+                        Some(Ok(p)) => {
+                            self.shrink_buffers();
+                            if let Some(end) = self.on_packet(p).await { return end; }
+                        }
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => return End::KeepAlive,
@@ -407,6 +419,18 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
             Ok(Err(_)) => Some(End::Closed),
             Err(_) => Some(End::WriteStalled(stall)),
         }
+    }
+
+    /// Gives back a buffer that a large packet grew, once it is empty: a device that sent one
+    /// 256 KB message must not hold 256 KB while it idles.
+    fn shrink_buffers(&mut self) {
+        fn shrink(buf: &mut bytes::BytesMut) {
+            if buf.is_empty() && buf.capacity() > SHRINK_ABOVE {
+                *buf = bytes::BytesMut::with_capacity(BUFFER_START);
+            }
+        }
+        shrink(self.framed.read_buffer_mut());
+        shrink(self.framed.write_buffer_mut());
     }
 
     async fn on_packet(&mut self, packet: VariablePacket) -> Option<End> {
