@@ -300,6 +300,13 @@ impl Store {
         self.raw.hold_commits()
     }
 
+    /// Fault injection for tests: the next group write fails as a failed WAL write or sync
+    /// would (nothing of it applied), which poisons the store.
+    #[doc(hidden)]
+    pub fn fail_next_write(&self) {
+        self.raw.fail_next_write();
+    }
+
     /// How many commits and how many RocksDB writes (syncs) there have been.
     pub fn commit_stats(&self) -> CommitStats {
         self.raw.commit_stats()

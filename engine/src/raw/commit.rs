@@ -78,6 +78,8 @@ struct Shared {
     commits: AtomicU64,
     writes: AtomicU64,
     poisoned: AtomicBool,
+    /// Fault injection: the next write fails as a failed WAL write would (tests only).
+    fail_next: AtomicBool,
     /// Live [`CommitHold`]s; the thread writes only while this is 0.
     holds: std::sync::Mutex<usize>,
     released: std::sync::Condvar,
@@ -191,6 +193,10 @@ impl Committer {
         self.shared.poisoned.load(Ordering::Acquire)
     }
 
+    pub(crate) fn fail_next_write(&self) {
+        self.shared.fail_next.store(true, Ordering::Release);
+    }
+
     pub(crate) fn stats(&self) -> CommitStats {
         CommitStats {
             commits: self.shared.commits.load(Ordering::Relaxed),
@@ -273,9 +279,14 @@ fn write_group(
         }
     }
     shared.writes.fetch_add(1, Ordering::Relaxed);
-    db.write_opt(wb, wo).map_err(|e| {
+    let written = if shared.fail_next.swap(false, Ordering::AcqRel) {
+        Err("injected write failure".to_string())
+    } else {
+        db.write_opt(wb, wo).map_err(rocksdb::Error::into_string)
+    };
+    written.map_err(|e| {
         shared.poisoned.store(true, Ordering::Release);
         tracing::error!(error = %e, "durable write failed; refusing further writes");
-        StorageError::WriteFailed(e.into_string())
+        StorageError::WriteFailed(e)
     })
 }

@@ -386,6 +386,12 @@ impl Raw {
     }
 
     /// See [`commit::CommitHold`]. A read-only store has nothing to hold.
+    pub(crate) fn fail_next_write(&self) {
+        if let Some(c) = &self.committer {
+            c.fail_next_write();
+        }
+    }
+
     pub(crate) fn hold_commits(&self) -> Option<CommitHold> {
         self.committer.as_ref().map(Committer::hold)
     }
