@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::address::Node;
 use super::cbs;
 use super::claims::Claims;
+use super::frame_guard::FrameGuard;
 use super::full_fields::FullFields;
 use super::header::{read_header, Opening};
 use super::partition_link::{self, PartitionRequest};
@@ -29,6 +30,12 @@ use crate::hub::HubContext;
 const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest frame either side may send (the SDKs ask for 65,536).
 const MAX_FRAME: u32 = 65_536;
+/// Largest message a client may send on a link: a C2D message's body is at most 64 KB
+/// (`c2d_message::check_size` says so precisely); this leaves room for its properties and
+/// bounds what one delivery can make the hub hold and check.
+const MAX_MESSAGE: u64 = 256 * 1024;
+/// Most bytes of unfinished multi-frame deliveries one connection may have held for checking.
+const MAX_HELD: usize = 4 * MAX_MESSAGE as usize;
 /// A connection that sends nothing (not even an empty frame) for this long is closed; IoT
 /// Hub announces the same.
 const IDLE_TIME_OUT_MS: u32 = 240_000;
@@ -40,7 +47,7 @@ where
     Io: AsyncRead + AsyncWrite + std::fmt::Debug + Send + Unpin + 'static,
 {
     let claims = Claims::default();
-    let stream = FullFields::new(stream);
+    let stream = FullFields::new(FrameGuard::new(stream, MAX_FRAME as usize, MAX_HELD));
     let opened = async {
         let (opening, stream) = read_header(stream).await.map_err(OpenError::Io)?;
         let acceptor = ConnectionAcceptor::builder()
@@ -112,6 +119,7 @@ async fn serve_session(mut session: ListenerSessionHandle, ctx: HubContext, clai
     // Dispositions always settle: uamqp's sender asks for rcv-settle-mode `second` but only
     // completes a message on a settled disposition, as IoT Hub sends (it answers `first`).
     let links_acceptor = LinkAcceptor::builder()
+        .max_message_size(MAX_MESSAGE)
         .supported_receiver_settle_modes(SupportedReceiverSettleModes::First)
         .fallback_receiver_settle_mode(ReceiverSettleMode::First)
         .build();

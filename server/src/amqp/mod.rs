@@ -9,6 +9,8 @@
 //! # Layout
 //! - [`connection`]: one connection: SASL, sessions, and which link serves which address.
 //! - `header`: SASL or plain AMQP, from the client's protocol header.
+//! - [`frame_guard`]: incoming frames, and whole deliveries, checked before the decoder reads them.
+//! - [`value_check`]: the structural check of AMQP-encoded values that `frame_guard` applies.
 //! - `full_fields`: outgoing performatives written with all their fields (for `pyamqp`).
 //! - `sasl`: the mechanisms offered (`MSSBCBS`, `PLAIN`, `ANONYMOUS`).
 //! - `claims`: what the connection is authorised for, and until when.
@@ -37,22 +39,24 @@
 //!
 //! [`HubContext`]: crate::hub::HubContext
 
-mod address;
+pub(crate) mod address;
 mod c2d_send;
 mod cbs;
 mod claims;
 pub mod connection;
 mod entity;
+pub mod frame_guard;
+pub mod value_check;
 mod errors;
 mod event_message;
 mod feedback;
 mod full_fields;
 mod header;
 mod management;
-mod message;
+pub(crate) mod message;
 mod partition_link;
 mod replies;
 mod sasl;
-mod selector;
+pub(crate) mod selector;
 
 pub use connection::serve;
