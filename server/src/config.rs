@@ -461,10 +461,18 @@ impl Config {
             path: path.into(),
             reason: e.to_string(),
         })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        Config::from_toml(&text).map_err(|e| ConfigError::Parse {
             path: path.into(),
             reason: e.to_string(),
         })
+    }
+
+    /// Parses a configuration file's text; missing sections and keys take their defaults.
+    ///
+    /// # Errors
+    /// TOML's error, with the line and column.
+    pub fn from_toml(text: &str) -> Result<Config, toml::de::Error> {
+        toml::from_str(text)
     }
 
     /// Checks ranges the types cannot express.

@@ -43,6 +43,7 @@ pub mod c2d_message;
 pub mod clock;
 pub mod config;
 pub mod error_codes;
+pub mod fuzz;
 pub mod hub;
 pub mod ids;
 pub mod mqtt;

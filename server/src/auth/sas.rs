@@ -129,7 +129,7 @@ pub fn sign(resource: &str, key_b64: &str, expiry: u64, key_name: Option<&str>) 
     let mut token = format!("SharedAccessSignature sr={sr}&sig={sig}&se={expiry}");
     if let Some(n) = key_name {
         token.push_str("&skn=");
-        token.push_str(n);
+        token.push_str(&utf8_percent_encode(n, NON_ALPHANUMERIC).to_string());
     }
     Some(token)
 }
