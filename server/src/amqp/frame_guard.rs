@@ -252,6 +252,8 @@ pub struct FrameGuard<Io> {
     ready: Vec<u8>,
     ready_at: usize,
     scratch: Vec<u8>,
+    /// A framing error to report once what was released before it has been read.
+    error: Option<FramingError>,
 }
 
 impl<Io> FrameGuard<Io> {
@@ -264,6 +266,7 @@ impl<Io> FrameGuard<Io> {
             ready: Vec::new(),
             ready_at: 0,
             scratch: vec![0; 4096],
+            error: None,
         }
     }
 }
@@ -284,6 +287,9 @@ impl<Io: AsyncRead + Unpin> AsyncRead for FrameGuard<Io> {
             }
             this.ready.clear();
             this.ready_at = 0;
+            if let Some(e) = &this.error {
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e.clone())));
+            }
             let mut read = ReadBuf::new(&mut this.scratch);
             std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
             let n = read.filled().len();
@@ -292,7 +298,9 @@ impl<Io: AsyncRead + Unpin> AsyncRead for FrameGuard<Io> {
             }
             let received = &this.scratch[..n];
             if let Err(e) = this.check.feed(received, &mut this.ready) {
-                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+                // What came before the error is released first (e.g. a protocol header the
+                // hub answers); the error follows on the next read.
+                this.error = Some(e);
             }
         }
     }

@@ -155,7 +155,10 @@ fn nesting_is_bounded() {
 /// A transfer on handle 0 with `more` and `payload`.
 fn transfer(more: bool, payload: &[u8]) -> Vec<u8> {
     let more: &[u8] = if more { b"\x41" } else { b"\x42" };
-    let mut body = performative(0x14, &[b"\x43", b"\x43", b"\xa0\x01\x01", b"\x43", b"\x42", more]);
+    let mut body = performative(
+        0x14,
+        &[b"\x43", b"\x43", b"\xa0\x01\x01", b"\x43", b"\x42", more],
+    );
     body.extend_from_slice(payload);
     frame(0, &body)
 }
@@ -177,20 +180,34 @@ fn nested_value(levels: usize) -> Vec<u8> {
 fn a_deeply_nested_message_is_refused_in_one_frame_or_split() {
     let message = nested_value(7_000); // would overflow a 2 MiB stack in the library's decoder
     let one = feed_all(&[PLAIN, &open(), &transfer(false, &message)], 4096);
-    assert_eq!(one, Err(FramingError::Malformed(Malformed("values nest too deep"))));
+    assert_eq!(
+        one,
+        Err(FramingError::Malformed(Malformed("values nest too deep")))
+    );
 
     let (a, b) = message.split_at(30_000);
     let mut check = FrameCheck::new(65_536, 1 << 20);
     let mut out = Vec::new();
     check.feed(PLAIN, &mut out).unwrap();
     check.feed(&transfer(true, a), &mut out).unwrap();
-    assert_eq!(out.len(), 8 + transfer(true, a).len(), "an unfinished delivery's frames pass");
-    assert!(check.feed(&transfer(false, b), &mut out).is_err(), "its last frame does not");
+    assert_eq!(
+        out.len(),
+        8 + transfer(true, a).len(),
+        "an unfinished delivery's frames pass"
+    );
+    assert!(
+        check.feed(&transfer(false, b), &mut out).is_err(),
+        "its last frame does not"
+    );
 }
 
 #[test]
 fn messages_split_over_frames_are_checked_whole() {
-    let message = [&b"\x00\x53\x73\xc0\x03\x01\xa1\x00"[..], b"\x00\x53\x75\xb0\x00\x00\x00\x05hello"].concat();
+    let message = [
+        &b"\x00\x53\x73\xc0\x03\x01\xa1\x00"[..],
+        b"\x00\x53\x75\xb0\x00\x00\x00\x05hello",
+    ]
+    .concat();
     for cut in 1..message.len() {
         let (a, b) = message.split_at(cut);
         let frames = [PLAIN.to_vec(), transfer(true, a), transfer(false, b)];
@@ -211,4 +228,17 @@ fn unfinished_deliveries_are_bounded() {
         check.feed(&transfer(true, &piece), &mut out),
         Err(FramingError::DeliveriesTooLarge(100_000))
     );
+}
+
+#[tokio::test]
+async fn bytes_released_before_an_error_are_read_first() {
+    use tokio::io::AsyncReadExt;
+    // Not AMQP: the first 8 bytes pass as a protocol header (which the hub answers with its
+    // own), the rest is refused as a frame.
+    let mut guard = FrameGuard::new(&b"GET / HTTP/1.1\r\n\r\n"[..], 65_536, 1 << 20);
+    let mut header = [0u8; 8];
+    guard.read_exact(&mut header).await.unwrap();
+    assert_eq!(&header, b"GET / HT");
+    let err = guard.read(&mut [0u8; 64]).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
 }
