@@ -37,7 +37,10 @@ if [ ! -x "$TOOLS/bin/cargo-fuzz" ]; then
     echo "installing cargo-fuzz into $TOOLS" >&2
     cargo install --locked cargo-fuzz --version 0.13.2 --root "$TOOLS" >&2
 fi
-rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal >&2
+if ! rustup toolchain list | grep -q '^nightly'; then
+    echo "cargo-fuzz needs the nightly toolchain (rustup toolchain install nightly)" >&2
+    exit 2
+fi
 
 archive=$(ls -t "$HOME"/.cache/ferrohub/target/release/build/librocksdb-sys-*/out/librocksdb.a 2>/dev/null | head -1 || true)
 if [ -n "$archive" ]; then

@@ -16,3 +16,11 @@ cargo test --release --workspace --all-targets
 install_cli
 
 "$FERROHUB_VENV/bin/python" -m pytest -q -c tests/python/pytest.ini tests/python
+
+# A few seconds of each coverage-guided fuzz target (cargo-fuzz needs the nightly toolchain;
+# without it the stable replay smoke in server/tests/fuzz_replay.rs, run above, is what runs).
+if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+    JOBS=2 bash scripts/fuzz.sh "${FUZZ_SMOKE_SECONDS:-5}"
+else
+    echo "no nightly toolchain: coverage-guided fuzz smoke skipped (scripts/fuzz.sh)" >&2
+fi
