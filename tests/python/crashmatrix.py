@@ -9,13 +9,19 @@ The load, each stream recording what the hub acknowledged:
   acknowledged; a half-applied patch would leave them different);
 - C2D sends over REST (204 = acknowledged) to a device that completes what it receives (PUBACK);
 - registry writes: device creations over REST (200 = acknowledged), each with its twin;
-- direct method calls answered by a connected device (no durable state: they only add load).
+- direct method calls answered by a connected device (no durable state: they only add load);
+- an import job (POST /jobs/create, 200 = acknowledged) of IMPORT_LINES devices with tags and
+  desired properties, read from an Azurite blob container, started at a random moment up to 0.8 s
+  before the kill, so that many kills land while it runs.
 
 After the restart: every acknowledged telemetry body is in the device's partition once at least,
 bodies intact and no body the client never sent; the twin's two properties equal each other and
 are the last acknowledged value or one attempted after it; every acknowledged C2D message is
 completed or still queued (delivered again after the restart), none unknown; every acknowledged
-device exists with its twin; and the restarted hub takes new writes.
+device exists with its twin; an acknowledged import job is still there and finished (completed,
+or failed as interrupted; one seen completed before the kill must still be completed with all
+its devices), and each of its devices is either absent or present with identity, tags and
+desired properties exactly as its line says; and the restarted hub takes new writes.
 
 Run: python tests/python/crashmatrix.py --trials 50 [--seed S] (FERROHUB_BIN names the binary);
 CI runs 3 trials through test_crash_matrix.py.
@@ -27,6 +33,7 @@ import json
 import random
 import shutil
 import ssl
+import struct
 import sys
 import tempfile
 import threading
@@ -37,8 +44,10 @@ import paho.mqtt.client as paho
 import requests
 
 sys.path.insert(0, str(Path(__file__).parent))
+from azurite import Azurite  # noqa: E402
 from hubkit import Hub  # noqa: E402
-from mqttraw import PUBLISH, Closed, connect_device, packet  # noqa: E402
+from jobkit import FINISHED, azurite_container  # noqa: E402
+from mqttraw import PUBLISH, SUBSCRIBE, Closed, _str, connect_device, packet  # noqa: E402
 
 
 class Ledger:
@@ -54,6 +63,93 @@ class Ledger:
         self.devices_attempted = set()
         self.devices_acked = set()
         self.methods_answered = 0
+        self.import_job = None
+        self.import_statuses = []
+
+
+IMPORT_LINES = 2000
+
+
+def import_lines(trial):
+    return [{"id": f"imp{trial}-{i:04d}", "importMode": "create", "status": "enabled",
+             "tags": {"site": f"plant-{i % 7}", "n": i}, "properties": {"desired": {"interval": i % 60, "i": i}}}
+            for i in range(IMPORT_LINES)]
+
+
+def import_job(hub, ledger, stop, containers, start_after):
+    """Starts the import at `start_after` seconds, then follows its status until the kill."""
+    if stop.wait(start_after):
+        return
+    session = requests.Session()
+    session.headers["Authorization"] = hub.token()
+    try:
+        r = session.post(hub.url("/jobs/create"), json={
+            "type": "import", "inputBlobContainerUri": containers[0], "outputBlobContainerUri": containers[1]},
+            timeout=5, verify=hub.ca)
+    except requests.RequestException:
+        return
+    if r.status_code != 200:
+        return
+    job_id = r.json()["jobId"]
+    with ledger.lock:
+        ledger.import_job = job_id
+    while not stop.is_set():
+        try:
+            status = session.get(hub.url(f"/jobs/{job_id}"), timeout=5, verify=hub.ca).json()["status"]
+        except (requests.RequestException, ValueError, KeyError):
+            return
+        with ledger.lock:
+            if not ledger.import_statuses or ledger.import_statuses[-1] != status:
+                ledger.import_statuses.append(status)
+        if status in FINISHED:
+            return
+        time.sleep(0.02)
+
+
+def check_import(hub, snapshot, lines) -> list:
+    """The import job after the restart, and every device it names."""
+    problems = []
+    session = requests.Session()
+    session.headers["Authorization"] = hub.token()
+    job_id = snapshot["import_job"]
+    final = None
+    if job_id is not None:
+        deadline = time.time() + 60
+        while True:
+            r = session.get(hub.url(f"/jobs/{job_id}"), timeout=10, verify=hub.ca)
+            if r.status_code != 200:
+                problems.append(f"acknowledged import job {job_id} lost ({r.status_code})")
+                break
+            final = r.json()["status"]
+            if final in FINISHED or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        if final is not None and final not in FINISHED:
+            problems.append(f"import job {job_id} still {final} 60 s after the restart")
+        if "completed" in snapshot["import_statuses"] and final != "completed":
+            problems.append(f"import job {job_id} was completed before the kill, {final} after")
+    present = 0
+    for line in lines:
+        name = line["id"]
+        r = session.get(hub.url(f"/devices/{name}"), timeout=10, verify=hub.ca)
+        t = session.get(hub.url(f"/twins/{name}"), timeout=10, verify=hub.ca)
+        if r.status_code != t.status_code:
+            problems.append(f"imported device {name} half-applied: identity {r.status_code}, twin {t.status_code}")
+            continue
+        if r.status_code == 404:
+            if final == "completed":
+                problems.append(f"import job completed but {name} is missing")
+            continue
+        present += 1
+        if job_id is None:
+            problems.append(f"{name} exists though no import job was acknowledged")
+        twin = t.json()
+        desired = {k: v for k, v in twin["properties"]["desired"].items() if not k.startswith("$")}
+        if twin.get("tags") != line["tags"] or desired != line["properties"]["desired"]:
+            problems.append(f"imported device {name} differs from its line: tags {twin.get('tags')}, desired {desired}")
+    snapshot["import_present"] = present
+    snapshot["import_final"] = final
+    return problems
 
 
 def mqtt_telemetry(hub, ledger, stop, device):
@@ -238,7 +334,9 @@ def drain_c2d(hub, device) -> set:
     (their 1 s lock expires while this waits)."""
     got = set()
     c = connect_device(hub, device)
-    c.subscribe([(f"devices/{device}/messages/devicebound/#", 1)])
+    # The device's session (clean=False) kept its subscription from the load, so queued
+    # messages may arrive before the SUBACK of this subscribe: read both in one loop.
+    c.send(packet(SUBSCRIBE, 2, struct.pack("!H", 1) + _str(f"devices/{device}/messages/devicebound/#") + b"\x01"))
     while True:
         try:
             ptype, _, body = c.read(timeout=3)
@@ -253,7 +351,10 @@ def drain_c2d(hub, device) -> set:
     return got
 
 
-def run_trial(workdir: Path, rng: random.Random, trial: int) -> dict:
+def run_trial(workdir: Path, rng: random.Random, trial: int, blob: Azurite) -> dict:
+    lines = import_lines(trial)
+    containers = (azurite_container(blob, f"import{trial}-in"), azurite_container(blob, f"import{trial}-out"))
+    containers[0][1].upload_blob("devices.txt", "".join(json.dumps(l) + "\n" for l in lines))
     hub = Hub(workdir / "hub")
     hub.stderr_path = workdir / "hub.stderr.log"
     # A C2D message locked when the hub was killed is delivered again once its lock expires.
@@ -275,10 +376,12 @@ def run_trial(workdir: Path, rng: random.Random, trial: int) -> dict:
         threading.Thread(target=method_responder, args=(hub, ledger, stop, devices["m"])),
         threading.Thread(target=method_caller, args=(hub, ledger, stop, devices["m"])),
     ]
+    kill_after = rng.uniform(0.3, 3.0)
+    threads.append(threading.Thread(target=import_job, args=(
+        hub, ledger, stop, (containers[0][0], containers[1][0]), max(0.0, kill_after - rng.uniform(0, 0.8)))))
     for t in threads:
         t.daemon = True
         t.start()
-    kill_after = rng.uniform(0.3, 3.0)
     time.sleep(kill_after)
     hub.kill()
     stop.set()
@@ -326,6 +429,8 @@ def run_trial(workdir: Path, rng: random.Random, trial: int) -> dict:
             if r.status_code != t.status_code:
                 problems.append(f"device {name} half-created: identity {r.status_code}, twin {t.status_code}")
 
+        problems += check_import(hub, snapshot, lines)
+
         hub.create_device(f"after{trial}")
         c = connect_device(hub, f"after{trial}")
         c.publish(f"devices/after{trial}/messages/events/", b"after", qos=1, pkid=1)
@@ -342,6 +447,10 @@ def run_trial(workdir: Path, rng: random.Random, trial: int) -> dict:
         "c2d_completed": len(snapshot["c2d_completed"]),
         "devices_acked": len(snapshot["devices_acked"]),
         "methods_answered": snapshot["methods_answered"],
+        "import_acked": snapshot["import_job"] is not None,
+        "import_seen": snapshot["import_statuses"],
+        "import_final": snapshot.get("import_final"),
+        "imported_present": snapshot.get("import_present", 0),
         "problems": problems,
     }
 
@@ -349,21 +458,31 @@ def run_trial(workdir: Path, rng: random.Random, trial: int) -> dict:
 def run(trials: int, seed: int, out=sys.stdout) -> list:
     rng = random.Random(seed)
     reports = []
-    for trial in range(1, trials + 1):
-        workdir = Path(tempfile.mkdtemp(prefix=f"crash{trial}-"))
-        report = run_trial(workdir, rng, trial)
-        if report["problems"]:
-            report["kept"] = str(workdir)  # The data and log of a failed trial, to look at.
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-        reports.append(report)
-        print(json.dumps(report), file=out, flush=True)
+    blob_dir = Path(tempfile.mkdtemp(prefix="crash-azurite-"))
+    with Azurite(blob_dir / "data") as blob:
+        for trial in range(1, trials + 1):
+            reports.append(run_one(rng, trial, blob, out))
+    shutil.rmtree(blob_dir, ignore_errors=True)
     totals = {k: sum(r[k] for r in reports) for k in
-              ("telemetry_acked", "twin_acked", "c2d_acked", "c2d_completed", "devices_acked", "methods_answered")}
+              ("telemetry_acked", "twin_acked", "c2d_acked", "c2d_completed", "devices_acked", "methods_answered",
+               "import_acked", "imported_present")}
+    totals["import_jobs_killed_while_running"] = sum(
+        1 for r in reports if r["import_seen"] and r["import_seen"][-1] not in FINISHED)
     summary = {"trials": trials, "seed": seed, "trials_with_problems": sum(1 for r in reports if r["problems"]),
                "acknowledged_totals": totals}
     print(json.dumps({"summary": summary}), file=out, flush=True)
     return reports
+
+
+def run_one(rng, trial, blob, out) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix=f"crash{trial}-"))
+    report = run_trial(workdir, rng, trial, blob)
+    if report["problems"]:
+        report["kept"] = str(workdir)  # The data and log of a failed trial, to look at.
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps(report), file=out, flush=True)
+    return report
 
 
 if __name__ == "__main__":
