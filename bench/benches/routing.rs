@@ -26,7 +26,7 @@ use ferrohub_server::hub::routes::{load_router, StoreTwins};
 use ferrohub_server::routing::Router;
 
 const NOW: UnixMillis = UnixMillis(1_700_000_000_000);
-const ENQUEUED: &str = "2023-11-14T22:13:20.0000000Z";
+const ENQUEUED: UnixMillis = UnixMillis(1_700_000_000_000);
 
 /// A telemetry message as the MQTT path builds it: system properties, one application
 /// property and a JSON body of about 256 bytes.
@@ -120,7 +120,7 @@ fn route(c: &mut Criterion) {
                 message(),
                 None,
                 EventSource::DeviceMessages,
-                ENQUEUED.to_string(),
+                ENQUEUED,
             );
             assert_eq!(routed.len(), 1, "{kind}/{n}");
             assert_eq!(
@@ -131,7 +131,7 @@ fn route(c: &mut Criterion) {
             let input = message();
             g.bench_with_input(BenchmarkId::new(kind, n), &n, |b, _| {
                 b.iter_batched(
-                    || (input.clone(), ENQUEUED.to_string()),
+                    || (input.clone(), ENQUEUED),
                     |(event, enqueued)| {
                         router.route(
                             &StoreTwins(&store),

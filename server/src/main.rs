@@ -12,6 +12,12 @@ use ferrohub_server::node::{
 use ferrohub_server::offline;
 use tokio_util::sync::CancellationToken;
 
+/// Many small, short-lived allocations per message cross threads (connection task to commit
+/// thread and back); mimalloc's thread-local free lists serve them at a fraction of glibc's
+/// cost (see docs/performance.md, issue 19's profiles).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "ferrohub",

@@ -90,6 +90,9 @@ struct Queue {
 
 struct Lane {
     store: Arc<StoreSlot>,
+    /// Metric handles, looked up once per lane rather than once per message.
+    durable_messages: metrics::Counter,
+    append_seconds: metrics::Histogram,
     admission: Arc<Semaphore>,
     readers: Arc<D2cNotify>,
     queue: Mutex<Queue>,
@@ -107,6 +110,8 @@ impl AppendLane {
     ) -> Self {
         AppendLane(Arc::new(Lane {
             store,
+            durable_messages: metrics::counter!("ferrohub_d2c_messages_total"),
+            append_seconds: metrics::histogram!("ferrohub_d2c_append_seconds"),
             admission,
             readers,
             queue: Mutex::new(Queue::default()),
@@ -135,15 +140,18 @@ impl AppendLane {
             Err(_) => drop(reply.send(Err(D2cError::Storage(StorageError::Closed)))),
         }
         let started = std::time::Instant::now();
+        let (durable_messages, append_seconds) = (
+            self.0.durable_messages.clone(),
+            self.0.append_seconds.clone(),
+        );
         async move {
             let result = done
                 .await
                 .unwrap_or(Err(D2cError::Storage(StorageError::Closed)));
             if result.is_ok() {
                 // Admission to durable: what a device waits for its PUBACK or 204.
-                metrics::counter!("ferrohub_d2c_messages_total").increment(1);
-                metrics::histogram!("ferrohub_d2c_append_seconds")
-                    .record(started.elapsed().as_secs_f64());
+                durable_messages.increment(1);
+                append_seconds.record(started.elapsed().as_secs_f64());
             }
             result
         }

@@ -17,7 +17,7 @@ use super::d2c_notify::D2cNotify;
 use super::partition_readers::PartitionReaders;
 use super::store_handle::StoreHandle;
 use super::{c2d, methods, routes};
-use crate::clock::{iso7, Clock};
+use crate::clock::Clock;
 use crate::ids::{DeviceId, LockToken, ModuleId};
 
 /// Everything a protocol handler may use, cheap to clone.
@@ -152,7 +152,7 @@ impl HubContext {
         while let Some(event) = events.next() {
             match self
                 .routing
-                .route_without_store(event, module_id.as_deref(), iso7(now))
+                .route_without_store(event, module_id.as_deref(), now)
             {
                 Ok(copies) => routed.extend(copies),
                 Err(event) => {
@@ -166,7 +166,7 @@ impl HubContext {
                                 event,
                                 module_id.as_deref(),
                                 EventSource::DeviceMessages,
-                                iso7(now),
+                                now,
                             ));
                         }
                         routed

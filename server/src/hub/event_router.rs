@@ -18,7 +18,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::HubContext;
 use super::routes::StoreTwins;
-use crate::clock::iso7;
 use crate::routing::events::to_event;
 
 /// Records routed per batch.
@@ -57,7 +56,7 @@ pub async fn run(ctx: HubContext, wake: Arc<Notify>, shutdown: CancellationToken
                             event,
                             n.module_id.as_deref(),
                             n.op.source(),
-                            iso7(at),
+                            at,
                         )
                     })
                     .filter(|e| e.endpoints.as_ref().is_none_or(|v| !v.is_empty()))

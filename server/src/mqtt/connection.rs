@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use ferrohub_engine::sessions::{SessionRecord, Subscription};
 use futures::stream::FuturesOrdered;
-use futures::{Future, SinkExt, StreamExt};
+use futures::{Future, FutureExt, SinkExt, StreamExt};
 use mqtt::control::{ConnectReturnCode, ProtocolLevel};
 use mqtt::packet::suback::SubscribeReturnCode;
 use mqtt::packet::*;
@@ -105,6 +105,9 @@ struct Connection<IO> {
     held: Duration,
     last_held: Option<Instant>,
     sender_mark: crate::hub::fair_share::SenderMark,
+    /// Metric handles, looked up once per connection rather than once per message.
+    puback_seconds: metrics::Histogram,
+    d2c_bytes: metrics::Counter,
 }
 
 fn keep_alive_timeout(keep_alive: u16) -> Option<Duration> {
@@ -252,6 +255,8 @@ where
         held: Duration::ZERO,
         last_held: None,
         sender_mark: Default::default(),
+        puback_seconds: metrics::histogram!("ferrohub_mqtt_puback_seconds"),
+        d2c_bytes: metrics::counter!("ferrohub_d2c_bytes_total"),
     };
     let end = conn
         .serve(
@@ -360,12 +365,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 _ = registration.kicked.cancelled() => return End::Kicked,
                 _ = shutdown.cancelled() => return End::Shutdown,
                 Some(result) = self.pending.next(), if !self.pending.is_empty() => {
-                    match result {
-                        Ok(packets) => for p in packets {
-                            if let Some(end) = self.send(p).await { return end; }
-                        },
-                        Err(e) => return End::StoreFailed(e),
-                    }
+                    if let Some(end) = self.answer_ready(result).await { return end; }
                 }
                 _ = self.c2d_wake.notified() => self.c2d.want = true,
                 _ = tokio::time::sleep_until(reopen.unwrap_or_else(Instant::now)), if reopen.is_some() => {
@@ -406,6 +406,44 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 }
                 _ = tokio::time::sleep_until(deadline) => return End::KeepAlive,
             }
+        }
+    }
+
+    /// Writes the answers of `first` and of every other queued work that is already done,
+    /// then flushes once: a group commit that completes many messages of this connection
+    /// costs one write to the socket, not one per PUBACK (and the client wakes once).
+    async fn answer_ready(&mut self, first: Result<twin::Packets, String>) -> Option<End> {
+        let mut next = Some(first);
+        while let Some(result) = next {
+            let packets = match result {
+                Ok(packets) => packets,
+                Err(e) => return Some(End::StoreFailed(e)),
+            };
+            for p in packets {
+                if let Some(end) = self.stalling(|f| f.feed(p)).await {
+                    return Some(end);
+                }
+            }
+            next = if self.pending.is_empty() {
+                None
+            } else {
+                self.pending.next().now_or_never().flatten()
+            };
+        }
+        self.stalling(|f| SinkExt::<VariablePacket>::flush(f)).await
+    }
+
+    /// Runs one write step on the framed connection under the write-stall limit.
+    async fn stalling<'a, F, W>(&'a mut self, step: F) -> Option<End>
+    where
+        F: FnOnce(&'a mut Framed<IO, MqttCodec>) -> W,
+        W: Future<Output = Result<(), CodecError>> + 'a,
+    {
+        let stall = self.ctx.timeouts.write_stall;
+        match tokio::time::timeout(stall, step(&mut self.framed)).await {
+            Ok(Ok(())) => None,
+            Ok(Err(_)) => Some(End::Closed),
+            Err(_) => Some(End::WriteStalled(stall)),
         }
     }
 
@@ -488,10 +526,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     .ctx
                     .append_telemetry(&self.lane, vec![event], self.auth.who.module_id.clone())
                     .await;
+                let puback_seconds = self.puback_seconds.clone();
                 self.pending.push_back(Box::pin(async move {
                     appended.await.map_err(|e| e.to_string())?;
-                    metrics::histogram!("ferrohub_mqtt_puback_seconds")
-                        .record(received.elapsed().as_secs_f64());
+                    puback_seconds.record(received.elapsed().as_secs_f64());
                     Ok(pkid
                         .map(|id| PubackPacket::new(id).into())
                         .into_iter()
@@ -598,7 +636,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 )))
             }
         }
-        metrics::counter!("ferrohub_d2c_bytes_total").increment(bytes as u64);
+        self.d2c_bytes.increment(bytes as u64);
         None
     }
 

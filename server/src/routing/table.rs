@@ -14,7 +14,7 @@ use ferrohub_engine::d2c::{EndpointSlot, NewEvent};
 use ferrohub_engine::endpoints::BUILTIN_ENDPOINT;
 use ferrohub_engine::notifications::EventSource;
 use ferrohub_engine::routing::RoutingConfig;
-use ferrohub_engine::StorageError;
+use ferrohub_engine::{StorageError, UnixMillis};
 use parking_lot::RwLock;
 use serde_json::Value;
 
@@ -224,7 +224,7 @@ impl Router {
         event: NewEvent,
         module_id: Option<&str>,
         source: EventSource,
-        enqueued: String,
+        enqueued: UnixMillis,
     ) -> Vec<NewEvent> {
         let table = Arc::clone(&self.table.read());
         self.route_by(&table, twins, event, module_id, source, enqueued)
@@ -240,7 +240,7 @@ impl Router {
         &self,
         event: NewEvent,
         module_id: Option<&str>,
-        enqueued: String,
+        enqueued: UnixMillis,
     ) -> Result<Vec<NewEvent>, NewEvent> {
         let table = Arc::clone(&self.table.read());
         if table.reads_twins {
@@ -263,7 +263,7 @@ impl Router {
         mut event: NewEvent,
         module_id: Option<&str>,
         source: EventSource,
-        enqueued: String,
+        enqueued: UnixMillis,
     ) -> Vec<NewEvent> {
         let view = EventView::new(&event, module_id, enqueued, twins);
         let mut names: Vec<&str> = Vec::new();
@@ -383,7 +383,7 @@ mod tests {
 
     #[test]
     fn routing_without_storage_is_refused_only_when_a_twin_is_read() {
-        let enqueued = || "2026-01-01T00:00:00.0000000Z".to_string();
+        let enqueued = || UnixMillis(1_767_225_600_000);
         for pure in [
             router(&[], None),
             router(&[("level = 'high' OR $body.x = 1", true)], Some("static")),

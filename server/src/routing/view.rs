@@ -6,6 +6,7 @@ use std::cell::OnceCell;
 
 use ferrohub_engine::d2c::NewEvent;
 use ferrohub_engine::twin::store::TwinRecord;
+use ferrohub_engine::UnixMillis;
 use serde_json::{Map, Value};
 
 use super::query::MessageView;
@@ -64,8 +65,9 @@ pub fn twin_doc(record: &TwinRecord) -> TwinDoc {
 pub struct EventView<'a> {
     pub event: &'a NewEvent,
     pub module_id: Option<&'a str>,
-    /// When the event is being routed (`$enqueuedTime`), ISO 8601.
-    pub enqueued: String,
+    /// When the event is being routed (`$enqueuedTime`); formatted only when a condition
+    /// reads it, since most messages are routed without looking.
+    pub enqueued: UnixMillis,
     twins: &'a dyn TwinSource,
     body: OnceCell<Option<Value>>,
     twin: OnceCell<Option<TwinDoc>>,
@@ -75,7 +77,7 @@ impl<'a> EventView<'a> {
     pub fn new(
         event: &'a NewEvent,
         module_id: Option<&'a str>,
-        enqueued: String,
+        enqueued: UnixMillis,
         twins: &'a dyn TwinSource,
     ) -> Self {
         EventView {
@@ -124,7 +126,7 @@ fn queryable_json(content_type: Option<&str>, content_encoding: Option<&str>) ->
 impl MessageView for EventView<'_> {
     fn system_property(&self, name: &str) -> Option<Value> {
         if name == "enqueuedTime" {
-            return Some(Value::String(self.enqueued.clone()));
+            return Some(Value::String(crate::clock::iso7(self.enqueued)));
         }
         let stored = SYSTEM
             .iter()
@@ -191,7 +193,7 @@ mod tests {
             body: br#"{"t": 21.5}"#.to_vec(),
             ..NewEvent::default()
         };
-        let v = EventView::new(&event, None, "2026-01-01T00:00:00Z".into(), &NoTwins);
+        let v = EventView::new(&event, None, UnixMillis(1_767_225_600_000), &NoTwins);
         assert_eq!(
             v.system_property("connectionDeviceId"),
             Some(Value::from("d"))
