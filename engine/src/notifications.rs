@@ -127,6 +127,23 @@ pub(crate) fn key(sequence: u64) -> Vec<u8> {
 /// Called after notifications became durable (the router's wake-up).
 pub type NotificationHook = Box<dyn Fn() + Send + Sync>;
 
+/// Stages `notes` in `batch` as change records numbered from `*next`, which it advances. The
+/// caller holds the sequence lock until the batch is queued.
+fn number_notifications(batch: &mut Batch, notes: Vec<PendingNotification>, next: &mut u64) {
+    for n in notes {
+        let record = Notification {
+            sequence: *next,
+            device_id: n.device_id,
+            module_id: n.module_id,
+            op: n.op,
+            time: n.time,
+            body: n.body,
+        };
+        batch.put_record(cf::TWIN_CHANGES, key(*next), &record);
+        *next += 1;
+    }
+}
+
 impl Store {
     /// Commits `batch` together with `notes`, numbered in commit order; waits until durable.
     pub(crate) fn commit_with_notifications(
@@ -140,18 +157,7 @@ impl Store {
         let ticket = {
             // IMPORTANT: assign and submit under one lock so records commit in key order.
             let mut next = self.twin_sequence.lock();
-            for n in notes {
-                let record = Notification {
-                    sequence: *next,
-                    device_id: n.device_id,
-                    module_id: n.module_id,
-                    op: n.op,
-                    time: n.time,
-                    body: n.body,
-                };
-                batch.put_record(cf::TWIN_CHANGES, key(*next), &record);
-                *next += 1;
-            }
+            number_notifications(&mut batch, notes, &mut next);
             self.raw.submit(batch)?
         };
         ticket.wait()?;
@@ -161,9 +167,41 @@ impl Store {
         Ok(())
     }
 
+    /// Like [`Store::commit_with_notifications`] without waiting: the batch is pipelined
+    /// (its twin writes are seen by the next read-modify-write at once, see `raw::inflight`)
+    /// and `done` runs on the commit thread once it is durable, after the notification hook.
+    /// On `Err` nothing was queued and `done` is dropped unrun.
+    pub(crate) fn submit_with_notifications_then(
+        &self,
+        mut batch: Batch,
+        notes: Vec<PendingNotification>,
+        done: impl FnOnce(Result<(), StorageError>) + Send + 'static,
+    ) -> Result<(), StorageError> {
+        let hook = self.notification_hook.get().cloned();
+        let announce = !notes.is_empty();
+        // IMPORTANT: assign and submit under one lock so records commit in key order.
+        let mut next = self.twin_sequence.lock();
+        let first = *next;
+        number_notifications(&mut batch, notes, &mut next);
+        let result = self.raw.submit_pipelined(
+            batch,
+            Box::new(move |result| {
+                if let (Ok(()), true, Some(hook)) = (&result, announce, hook) {
+                    hook();
+                }
+                done(result)
+            }),
+        );
+        if result.is_err() {
+            // Nothing was queued, and the lock is still held: the numbers are free again.
+            *next = first;
+        }
+        result
+    }
+
     /// Installs the function called after notifications become durable (once per store).
     pub fn set_notification_hook(&self, hook: NotificationHook) {
-        let _ = self.notification_hook.set(hook);
+        let _ = self.notification_hook.set(std::sync::Arc::from(hook));
     }
 
     /// Notifications with sequence numbers from `from`, at most `max`, in order.
@@ -189,4 +227,4 @@ impl Store {
 }
 
 /// Slot for the hook in [`Store`].
-pub(crate) type HookCell = OnceLock<NotificationHook>;
+pub(crate) type HookCell = OnceLock<std::sync::Arc<dyn Fn() + Send + Sync>>;

@@ -8,6 +8,7 @@
 //!   [`Durability::Synced`] mode) or through the migration adapter before the store is shared.
 
 mod commit;
+mod inflight;
 mod migrate;
 
 use std::path::Path;
@@ -116,13 +117,16 @@ pub(crate) struct Raw {
     committer: Option<Committer>,
     /// Adds derived writes (the twin index) to every batch of `commit` and `submit`.
     hook: std::sync::OnceLock<Box<dyn BatchHook>>,
+    /// Twin writes queued by [`Raw::submit_pipelined`] and not yet durable.
+    inflight: Arc<inflight::Inflight>,
 }
 
 /// Derived writes staged into a batch before it is queued, in the writer's thread (so under
 /// whatever locks the writer holds). Installed once per store.
 ///
-/// Only [`Raw::commit`] and [`Raw::submit`] run it: the callback paths (`submit_with`,
-/// `try_submit_with`) carry D2C appends, which never write identities or twins.
+/// [`Raw::commit`], [`Raw::submit`] and [`Raw::submit_pipelined`] run it: the other callback
+/// paths (`submit_with`, `try_submit_with`) carry D2C appends, which never write identities or
+/// twins.
 pub(crate) trait BatchHook: Send + Sync {
     fn stage(&self, raw: &Raw, batch: &mut Batch) -> Result<(), StorageError>;
 }
@@ -201,6 +205,7 @@ impl Raw {
             db,
             committer: Some(committer),
             hook: std::sync::OnceLock::new(),
+            inflight: Default::default(),
         })
     }
 
@@ -236,6 +241,7 @@ impl Raw {
         Ok(Raw {
             db: Arc::new(db),
             committer: None,
+            inflight: Default::default(),
             hook: std::sync::OnceLock::new(),
         })
     }
@@ -260,6 +266,20 @@ impl Raw {
         match bytes {
             None => Ok(None),
             Some(b) => decode_checked(cf, key, &b).map(Some),
+        }
+    }
+
+    /// Reads one record for a read-modify-write: a value written by a pipelined batch that is
+    /// not yet durable comes first (see [`inflight`]), then RocksDB.
+    pub(crate) fn get_for_update<T: DeserializeOwned>(
+        &self,
+        cf: &'static str,
+        key: &[u8],
+    ) -> Result<Option<T>, StorageError> {
+        match self.inflight.get(cf, key) {
+            Some(Some(bytes)) => decode_checked(cf, key, &bytes).map(Some),
+            Some(None) => Ok(None),
+            None => self.get_record(cf, key),
         }
     }
 
@@ -359,6 +379,28 @@ impl Raw {
             .as_ref()
             .ok_or(StorageError::ReadOnly)?
             .submit_with(batch, done)
+    }
+
+    /// Queues a read-modify-write batch without waiting for it: its twin writes are visible to
+    /// [`Raw::get_for_update`] until `done` has run (on the commit thread, once the batch is
+    /// durable or failed), so the next write of the same twin need not wait for this sync.
+    /// The caller holds the stripe locks of the twins it writes.
+    pub(crate) fn submit_pipelined(
+        &self,
+        mut batch: Batch,
+        done: CommitCallback,
+    ) -> Result<(), StorageError> {
+        let committer = self.committer.as_ref().ok_or(StorageError::ReadOnly)?;
+        self.run_hook(&mut batch)?;
+        let release = self.inflight.track(&batch);
+        committer.submit_with(
+            batch,
+            Box::new(move |result| {
+                // Durable (or failed) first, then visible only in RocksDB, then answered.
+                drop(release);
+                done(result)
+            }),
+        )
     }
 
     /// Queues `batch` unless the commit queue is full; see `Committer::try_submit_with`.

@@ -8,7 +8,10 @@
 //!   `$version` rises by one (tags have no version of their own).
 //! - Nothing is stored unless the whole change passes the TWN-7 limits, sizes computed on the
 //!   result.
-//! - Read-modify-write runs under the device's stripe lock, like every registry write.
+//! - Read-modify-write runs under the device's stripe lock, like every registry write, and
+//!   builds on the last twin written: durable, or queued by a pipelined reported patch
+//!   ([`Store::patch_reported_then`]) whose sync has not finished. Readers see durable twins
+//!   only, and no write is answered before its sync.
 
 use serde_json::{Map, Value};
 
@@ -61,15 +64,19 @@ impl Store {
             })
     }
 
+    /// The twin record a write of `identity` builds on: the last one written, durable or
+    /// still in a pipelined batch. The caller holds the device's stripe lock.
     pub(crate) fn load_twin_record(&self, identity: &Identity) -> Result<TwinRecord, StorageError> {
         let key = keys::twin(&identity.device_id, identity.module_id.as_deref());
-        Ok(self
-            .raw
-            .get_record::<TwinRecord>(cf::TWINS, &key)?
-            .unwrap_or_else(|| TwinRecord {
-                etag: initial_etag(identity),
-                ..TwinRecord::empty(identity.status_updated_time)
-            }))
+        let stored = self.raw.get_for_update::<TwinRecord>(cf::TWINS, &key)?;
+        Ok(stored.unwrap_or_else(|| empty_twin(identity)))
+    }
+
+    /// The durable twin record of `identity`, for readers.
+    fn read_twin_record(&self, identity: &Identity) -> Result<TwinRecord, StorageError> {
+        let key = keys::twin(&identity.device_id, identity.module_id.as_deref());
+        let stored = self.raw.get_record::<TwinRecord>(cf::TWINS, &key)?;
+        Ok(stored.unwrap_or_else(|| empty_twin(identity)))
     }
 
     /// The twin of a device (`module_id` `None`) or module.
@@ -78,7 +85,7 @@ impl Store {
     /// [`TwinError::NotFound`] or storage errors.
     pub fn get_twin(&self, device_id: &str, module_id: Option<&str>) -> Result<Twin, TwinError> {
         let identity = self.load_identity(device_id, module_id)?;
-        let record = self.load_twin_record(&identity)?;
+        let record = self.read_twin_record(&identity)?;
         Ok(Twin { identity, record })
     }
 
@@ -160,7 +167,13 @@ impl Store {
         now: UnixMillis,
         batch: &mut Batch,
     ) -> Result<(PendingNotification, TwinOutcome), TwinError> {
-        self.stage_twin(identity, &IfMatch::Any, service_change(write, true), now, batch)
+        self.stage_twin(
+            identity,
+            &IfMatch::Any,
+            service_change(write, true),
+            now,
+            batch,
+        )
     }
 
     /// Service-side partial update (PATCH): tags and desired merge (`null` removes).
@@ -230,24 +243,64 @@ impl Store {
             device_id,
             module_id,
             &IfMatch::Any,
-            |r, now| {
-                r.reported.patch(patch, now);
-                let mut properties = Map::new();
-                properties.insert(
-                    "reported".into(),
-                    changes::changed_section(&r.reported, patch, false),
-                );
-                let mut body = Map::new();
-                body.insert("properties".into(), Value::Object(properties));
-                Ok(Applied {
-                    desired_change: None,
-                    op: TwinOp::UpdateTwin,
-                    body,
-                })
-            },
+            reported_change(patch),
             now,
         )?;
         Ok(outcome.twin.record.reported.version)
+    }
+
+    /// Device-side reported patch without waiting for its sync: the patch is checked, applied
+    /// and queued for the group committer, and `done` gets the new reported `$version` on the
+    /// commit thread once it is durable (or the storage error that lost it). The next write of
+    /// the same twin builds on this one at once, so a device's patches share syncs as its
+    /// telemetry does.
+    ///
+    /// # Errors
+    /// Not found, [`TwinError::Invalid`] (TWN-7) or storage, before anything is queued; `done`
+    /// is then dropped unrun.
+    pub fn patch_reported_then(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+        patch: &Map<String, Value>,
+        now: UnixMillis,
+        done: impl FnOnce(Result<u64, StorageError>) + Send + 'static,
+    ) -> Result<(), TwinError> {
+        check_section(SectionKind::Reported, patch, true)?;
+        let _guard = self.stripes.lock(device_id);
+        let identity = self.load_identity(device_id, module_id)?;
+        let mut batch = Batch::default();
+        let (note, outcome) = self.stage_twin(
+            identity,
+            &IfMatch::Any,
+            reported_change(patch),
+            now,
+            &mut batch,
+        )?;
+        let version = outcome.twin.record.reported.version;
+        self.submit_with_notifications_then(batch, vec![note], move |r| done(r.map(|()| version)))?;
+        Ok(())
+    }
+}
+
+/// The change a device's reported patch makes.
+fn reported_change(
+    patch: &Map<String, Value>,
+) -> impl FnOnce(&mut TwinRecord, UnixMillis) -> Result<Applied, TwinError> + '_ {
+    move |r, now| {
+        r.reported.patch(patch, now);
+        let mut properties = Map::new();
+        properties.insert(
+            "reported".into(),
+            changes::changed_section(&r.reported, patch, false),
+        );
+        let mut body = Map::new();
+        body.insert("properties".into(), Value::Object(properties));
+        Ok(Applied {
+            desired_change: None,
+            op: TwinOp::UpdateTwin,
+            body,
+        })
     }
 }
 
@@ -320,6 +373,14 @@ impl TwinWrite {
             check_section(SectionKind::Desired, d, merge)?;
         }
         Ok(())
+    }
+}
+
+/// The twin of an identity that has no record yet.
+fn empty_twin(identity: &Identity) -> TwinRecord {
+    TwinRecord {
+        etag: initial_etag(identity),
+        ..TwinRecord::empty(identity.status_updated_time)
     }
 }
 

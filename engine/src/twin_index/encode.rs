@@ -40,7 +40,11 @@ pub(crate) fn path_prefix(module: bool, path: &str) -> Vec<u8> {
 fn number_bytes(f: f64) -> [u8; 8] {
     let bits = f.to_bits();
     // Order-preserving: flip every bit of negatives, only the sign bit of the rest.
-    let ordered = if bits >> 63 == 1 { !bits } else { bits | (1 << 63) };
+    let ordered = if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | (1 << 63)
+    };
     ordered.to_be_bytes()
 }
 

@@ -136,7 +136,10 @@ fn entries(
     };
     let module = identity.module_id.is_some();
     let mut values = vec![
-        ("status".to_string(), Value::from(status_value(identity.status))),
+        (
+            "status".to_string(),
+            Value::from(status_value(identity.status)),
+        ),
         (
             "connectionState".to_string(),
             Value::from(connection_value(identity.connection_state)),
@@ -219,13 +222,22 @@ fn state(
     let Some((id_cf, id_key)) = identity_key(twin_key) else {
         return Ok((None, None));
     };
-    let identity = match batch.map(|b| after_batch(b, id_cf, id_key)).transpose()?.flatten() {
+    let identity = match batch
+        .map(|b| after_batch(b, id_cf, id_key))
+        .transpose()?
+        .flatten()
+    {
         Some(staged) => staged,
         None => raw.get_record(id_cf, id_key)?,
     };
-    let twin = match batch.map(|b| after_batch(b, cf::TWINS, twin_key)).transpose()?.flatten() {
+    let twin = match batch
+        .map(|b| after_batch(b, cf::TWINS, twin_key))
+        .transpose()?
+        .flatten()
+    {
         Some(staged) => staged,
-        None => raw.get_record(cf::TWINS, twin_key)?,
+        // A pipelined twin write not yet durable is the state this batch follows.
+        None => raw.get_for_update(cf::TWINS, twin_key)?,
     };
     Ok((identity, twin))
 }
@@ -293,7 +305,10 @@ fn ranges(prefix: &[u8], probe: &Probe) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
             vec![(k, end)]
         }
         Probe::Range { lo, hi } => {
-            let kind = lo.as_ref().or(hi.as_ref()).and_then(|(v, _)| encode::type_range(v));
+            let kind = lo
+                .as_ref()
+                .or(hi.as_ref())
+                .and_then(|(v, _)| encode::type_range(v));
             let Some((first, after)) = kind else {
                 return Vec::new();
             };
@@ -358,7 +373,11 @@ impl Store {
         let hook = Arc::new(Hook {
             definition: RwLock::new(def),
         });
-        if self.raw.set_hook(Box::new(Shared(Arc::clone(&hook)))).is_ok() {
+        if self
+            .raw
+            .set_hook(Box::new(Shared(Arc::clone(&hook))))
+            .is_ok()
+        {
             let _ = self.twin_index.set(hook);
         }
         Ok(())

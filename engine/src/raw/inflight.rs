@@ -1,0 +1,145 @@
+//! Twin records written by batches that are queued for the group committer but not yet
+//! durable, so the next read-modify-write of the same twin builds on them instead of waiting
+//! for their sync (issue 19: twin writes pipelined like telemetry).
+//!
+//! # Invariants
+//! - Only batches submitted through [`super::Raw::submit_pipelined`] are tracked, and only
+//!   their [`cf::TWINS`] writes. Their writers hold the device's stripe lock from the read to
+//!   the submit, so for one key entries are made in commit order.
+//! - An entry leaves when the batch that made it is durable or has failed, unless a later batch
+//!   replaced it (generations). A failed write poisons the committer, so nothing written after
+//!   it commits either; the entry then only held what will never be stored, and is dropped.
+//! - Read-modify-writes read through [`Inflight::get`]; plain readers (twin reads, queries,
+//!   exports) read RocksDB and so see only durable twins.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ferrohub_migrations::cf;
+use parking_lot::Mutex;
+
+use super::{Batch, Op};
+
+/// What a queued batch leaves under a key: `None` when it deletes it.
+type Staged = Option<Arc<[u8]>>;
+
+#[derive(Default)]
+pub(crate) struct Inflight {
+    entries: Mutex<HashMap<Vec<u8>, (u64, Staged)>>,
+    next_generation: AtomicU64,
+}
+
+/// Removes a batch's entries when dropped: after its commit callback, or when it was never
+/// queued.
+pub(crate) struct Release {
+    inflight: Arc<Inflight>,
+    generation: u64,
+    keys: Vec<Vec<u8>>,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let mut entries = self.inflight.entries.lock();
+        for key in self.keys.drain(..) {
+            if entries
+                .get(&key)
+                .is_some_and(|(g, _)| *g == self.generation)
+            {
+                entries.remove(&key);
+            }
+        }
+    }
+}
+
+impl Inflight {
+    /// The staged value of a twin key, if a queued batch wrote it: `Some(None)` deleted.
+    pub(crate) fn get(&self, cf_name: &str, key: &[u8]) -> Option<Staged> {
+        if cf_name != cf::TWINS {
+            return None;
+        }
+        self.entries.lock().get(key).map(|(_, v)| v.clone())
+    }
+
+    /// Records the twin writes of `batch`, last write of a key winning as in the batch.
+    pub(crate) fn track(self: &Arc<Self>, batch: &Batch) -> Release {
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let mut keys = Vec::new();
+        let mut entries = self.entries.lock();
+        for op in &batch.ops {
+            let (key, staged) = match op {
+                Op::Put { cf, key, value } if *cf == cf::TWINS => {
+                    (key, Some(Arc::from(value.as_slice())))
+                }
+                Op::Delete { cf, key } if *cf == cf::TWINS => (key, None),
+                _ => continue,
+            };
+            entries.insert(key.clone(), (generation, staged));
+            keys.push(key.clone());
+        }
+        Release {
+            inflight: Arc::clone(self),
+            generation,
+            keys,
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &[u8], value: &[u8]) -> Op {
+        Op::Put {
+            cf: cf::TWINS,
+            key: key.to_vec(),
+            value: value.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_later_batch_keeps_its_entry_when_an_earlier_one_completes() {
+        let inflight = Arc::new(Inflight::default());
+        let first = inflight.track(&Batch {
+            ops: vec![put(b"d1", b"v1")],
+        });
+        let second = inflight.track(&Batch {
+            ops: vec![
+                put(b"d1", b"v2"),
+                Op::Delete {
+                    cf: cf::TWINS,
+                    key: b"d2".to_vec(),
+                },
+            ],
+        });
+        drop(first);
+        assert_eq!(
+            inflight.get(cf::TWINS, b"d1"),
+            Some(Some(Arc::from(&b"v2"[..])))
+        );
+        assert_eq!(inflight.get(cf::TWINS, b"d2"), Some(None));
+        drop(second);
+        assert_eq!(inflight.get(cf::TWINS, b"d1"), None);
+        assert_eq!(inflight.len(), 0);
+    }
+
+    #[test]
+    fn only_twin_writes_are_tracked() {
+        let inflight = Arc::new(Inflight::default());
+        let release = inflight.track(&Batch {
+            ops: vec![Op::Put {
+                cf: cf::DEVICES,
+                key: b"d1".to_vec(),
+                value: b"x".to_vec(),
+            }],
+        });
+        assert_eq!(inflight.get(cf::DEVICES, b"d1"), None);
+        assert_eq!(inflight.len(), 0);
+        drop(release);
+    }
+}
