@@ -67,7 +67,7 @@ def cpu_busy():
     return 1 - (i1 - i0) / max(1, t1 - t0)
 
 
-def wait_quiet(limit=0.10, timeout=60):
+def wait_quiet(limit=0.10, timeout=20):
     """One run's backlog must not leak into the next: wait until the machine is quiet."""
     deadline = time.time() + timeout
     while cpu_busy() > limit and time.time() < deadline:

@@ -10,7 +10,9 @@
 //! - A device has at most [`MAX_MODULES_PER_DEVICE`] modules.
 //! - The `counters` column family equals the counts of stored devices by status, because
 //!   every change of a device's existence or status stages its delta in the same batch.
-//! - The device's stripe lock is held from the first read until the commit returns.
+//! - The device's stripe lock is held from the first read until the commit returns, or, for
+//!   a pipelined connection-state write ([`Store::record_connection_then`]), until the batch is
+//!   queued: reads go through `raw::inflight`, so the next writer builds on it.
 
 use std::collections::HashMap;
 
@@ -97,7 +99,10 @@ impl<'a> Txn<'a> {
         if let Some(d) = self.devices.get(id) {
             return Ok(d.clone());
         }
-        let d: Option<Identity> = self.store.raw.get_record(cf::DEVICES, &keys::device(id))?;
+        let d: Option<Identity> = self
+            .store
+            .raw
+            .get_for_update(cf::DEVICES, &keys::device(id))?;
         self.devices.insert(id.to_string(), d.clone());
         Ok(d)
     }
@@ -114,7 +119,7 @@ impl<'a> Txn<'a> {
         let m: Option<Identity> = self
             .store
             .raw
-            .get_record(cf::MODULES, &keys::module(device_id, module_id))?;
+            .get_for_update(cf::MODULES, &keys::module(device_id, module_id))?;
         self.modules.insert(k, m.clone());
         Ok(m)
     }
@@ -362,6 +367,22 @@ impl<'a> Txn<'a> {
         self.store.commit_with_notifications(self.batch, self.notes)
     }
 
+    /// Queues the batch without waiting; `done` runs once it is durable (at once if there is
+    /// nothing to write).
+    fn submit_pipelined(
+        mut self,
+        done: impl FnOnce(Result<(), StorageError>) + Send + 'static,
+    ) -> Result<(), StorageError> {
+        self.batch
+            .merge_counters(DEVICE_COUNTERS_KEY, self.counters);
+        if self.batch.is_empty() && self.notes.is_empty() {
+            done(Ok(()));
+            return Ok(());
+        }
+        self.store
+            .submit_with_notifications_then(self.batch, self.notes, done)
+    }
+
     /// Records a lifecycle notification whose body is the identity's twin.
     fn note_lifecycle(
         &mut self,
@@ -458,12 +479,12 @@ impl Store {
         match module_id {
             None => self
                 .raw
-                .get_record(cf::DEVICES, &keys::device(device_id))?
+                .get_for_update(cf::DEVICES, &keys::device(device_id))?
                 .map(|device| self.with_queue_depth(device))
                 .transpose(),
             Some(m) => self
                 .raw
-                .get_record(cf::MODULES, &keys::module(device_id, m)),
+                .get_for_update(cf::MODULES, &keys::module(device_id, m)),
         }
     }
 
@@ -598,39 +619,75 @@ impl Store {
         now: UnixMillis,
     ) -> Result<Option<Identity>, RegistryError> {
         self.in_txn(device_id, |t| {
-            let current = match module_id {
-                Some(m) => t.module(device_id, m)?,
-                None => t.device(device_id)?,
-            };
-            let Some(mut next) = current else {
-                return Ok(None);
-            };
-            next.connection_state = if connected {
-                ConnectionState::Connected
-            } else {
-                ConnectionState::Disconnected
-            };
-            next.connection_state_updated_time = Some(now);
-            next.last_activity_time = Some(now);
-            match module_id {
-                Some(_) => t.put_module(next.clone()),
-                None => {
-                    let previous = next.clone();
-                    t.put_device(Some(&previous), next.clone());
-                }
-            }
-            t.notes.push(PendingNotification {
-                device_id: device_id.to_string(),
-                module_id: module_id.map(str::to_string),
-                op: if connected {
-                    NotificationOp::DeviceConnected
-                } else {
-                    NotificationOp::DeviceDisconnected
-                },
-                time: now,
-                body: serde_json::Map::new(),
-            });
-            Ok(Some(next))
+            t.record_connection(device_id, module_id, connected, now)
         })
+    }
+
+    /// [`Store::record_connection`] without waiting for the sync: the change is queued, seen at
+    /// once by identity reads and later writers of the device, and `done` runs on the commit
+    /// thread once it is durable. A connection state need not be durable before CONNACK: it
+    /// describes a live connection, which a crash ends anyway, and IoT Hub documents it as a
+    /// debugging aid that may lag by minutes (seed 002, `connectionState`).
+    ///
+    /// # Errors
+    /// Storage errors before anything is queued; `done` is then dropped unrun.
+    pub fn record_connection_then(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+        connected: bool,
+        now: UnixMillis,
+        done: impl FnOnce(Result<(), StorageError>) + Send + 'static,
+    ) -> Result<Option<Identity>, RegistryError> {
+        let _guard = self.stripes.lock(device_id);
+        let mut txn = Txn::new(self);
+        let out = txn.record_connection(device_id, module_id, connected, now)?;
+        txn.submit_pipelined(done)?;
+        Ok(out)
+    }
+}
+
+impl Txn<'_> {
+    fn record_connection(
+        &mut self,
+        device_id: &str,
+        module_id: Option<&str>,
+        connected: bool,
+        now: UnixMillis,
+    ) -> Result<Option<Identity>, RegistryError> {
+        let t = self;
+        let current = match module_id {
+            Some(m) => t.module(device_id, m)?,
+            None => t.device(device_id)?,
+        };
+        let Some(mut next) = current else {
+            return Ok(None);
+        };
+        next.connection_state = if connected {
+            ConnectionState::Connected
+        } else {
+            ConnectionState::Disconnected
+        };
+        next.connection_state_updated_time = Some(now);
+        next.last_activity_time = Some(now);
+        match module_id {
+            Some(_) => t.put_module(next.clone()),
+            None => {
+                let previous = next.clone();
+                t.put_device(Some(&previous), next.clone());
+            }
+        }
+        t.notes.push(PendingNotification {
+            device_id: device_id.to_string(),
+            module_id: module_id.map(str::to_string),
+            op: if connected {
+                NotificationOp::DeviceConnected
+            } else {
+                NotificationOp::DeviceDisconnected
+            },
+            time: now,
+            body: serde_json::Map::new(),
+        });
+        Ok(Some(next))
     }
 }

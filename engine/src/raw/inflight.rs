@@ -1,16 +1,18 @@
-//! Twin records written by batches that are queued for the group committer but not yet
-//! durable, so the next read-modify-write of the same twin builds on them instead of waiting
-//! for their sync (issue 19: twin writes pipelined like telemetry).
+//! Twin and identity records written by batches that are queued for the group committer but
+//! not yet durable, so the next read-modify-write of the same record builds on them instead of
+//! waiting for their sync (issue 19: reported patches and connection state pipelined like
+//! telemetry).
 //!
 //! # Invariants
 //! - Only batches submitted through [`super::Raw::submit_pipelined`] are tracked, and only
-//!   their [`cf::TWINS`] writes. Their writers hold the device's stripe lock from the read to
-//!   the submit, so for one key entries are made in commit order.
+//!   their writes to [`TRACKED`] column families. Their writers hold the device's stripe lock
+//!   from the read to the submit, so for one key entries are made in commit order.
 //! - An entry leaves when the batch that made it is durable or has failed, unless a later batch
 //!   replaced it (generations). A failed write poisons the committer, so nothing written after
 //!   it commits either; the entry then only held what will never be stored, and is dropped.
-//! - Read-modify-writes read through [`Inflight::get`]; plain readers (twin reads, queries,
-//!   exports) read RocksDB and so see only durable twins.
+//! - Read-modify-writes read through [`Inflight::get`]; so do identity reads (a connection
+//!   state is shown once queued), while twin readers (twin reads, queries, exports) read
+//!   RocksDB and so see only durable twins.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,12 +23,15 @@ use parking_lot::Mutex;
 
 use super::{Batch, Op};
 
+/// The column families whose pipelined writes later read-modify-writes must see.
+const TRACKED: [&str; 3] = [cf::TWINS, cf::DEVICES, cf::MODULES];
+
 /// What a queued batch leaves under a key: `None` when it deletes it.
 type Staged = Option<Arc<[u8]>>;
 
 #[derive(Default)]
 pub(crate) struct Inflight {
-    entries: Mutex<HashMap<Vec<u8>, (u64, Staged)>>,
+    entries: Mutex<HashMap<(&'static str, Vec<u8>), (u64, Staged)>>,
     next_generation: AtomicU64,
 }
 
@@ -35,13 +40,14 @@ pub(crate) struct Inflight {
 pub(crate) struct Release {
     inflight: Arc<Inflight>,
     generation: u64,
-    keys: Vec<Vec<u8>>,
+    keys: Vec<(&'static str, Vec<u8>)>,
 }
 
 impl Drop for Release {
     fn drop(&mut self) {
         let mut entries = self.inflight.entries.lock();
         for key in self.keys.drain(..) {
+            // Only this batch's own entry goes: a later batch may have replaced it.
             if entries
                 .get(&key)
                 .is_some_and(|(g, _)| *g == self.generation)
@@ -53,29 +59,35 @@ impl Drop for Release {
 }
 
 impl Inflight {
-    /// The staged value of a twin key, if a queued batch wrote it: `Some(None)` deleted.
-    pub(crate) fn get(&self, cf_name: &str, key: &[u8]) -> Option<Staged> {
-        if cf_name != cf::TWINS {
+    /// The staged value of a key, if a queued batch wrote it: `Some(None)` deleted.
+    pub(crate) fn get(&self, cf_name: &'static str, key: &[u8]) -> Option<Staged> {
+        if !TRACKED.contains(&cf_name) {
             return None;
         }
-        self.entries.lock().get(key).map(|(_, v)| v.clone())
+        let entries = self.entries.lock();
+        if entries.is_empty() {
+            return None;
+        }
+        entries
+            .get(&(cf_name, key.to_vec()))
+            .map(|(_, v)| v.clone())
     }
 
-    /// Records the twin writes of `batch`, last write of a key winning as in the batch.
+    /// Records the tracked writes of `batch`, last write of a key winning as in the batch.
     pub(crate) fn track(self: &Arc<Self>, batch: &Batch) -> Release {
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let mut keys = Vec::new();
         let mut entries = self.entries.lock();
         for op in &batch.ops {
-            let (key, staged) = match op {
-                Op::Put { cf, key, value } if *cf == cf::TWINS => {
-                    (key, Some(Arc::from(value.as_slice())))
+            let (cf, key, staged) = match op {
+                Op::Put { cf, key, value } if TRACKED.contains(cf) => {
+                    (*cf, key, Some(Arc::from(value.as_slice())))
                 }
-                Op::Delete { cf, key } if *cf == cf::TWINS => (key, None),
+                Op::Delete { cf, key } if TRACKED.contains(cf) => (*cf, key, None),
                 _ => continue,
             };
-            entries.insert(key.clone(), (generation, staged));
-            keys.push(key.clone());
+            entries.insert((cf, key.clone()), (generation, staged));
+            keys.push((cf, key.clone()));
         }
         Release {
             inflight: Arc::clone(self),
@@ -129,17 +141,30 @@ mod tests {
     }
 
     #[test]
-    fn only_twin_writes_are_tracked() {
+    fn only_twin_and_identity_writes_are_tracked_each_under_its_column_family() {
         let inflight = Arc::new(Inflight::default());
         let release = inflight.track(&Batch {
-            ops: vec![Op::Put {
-                cf: cf::DEVICES,
-                key: b"d1".to_vec(),
-                value: b"x".to_vec(),
-            }],
+            ops: vec![
+                Op::Put {
+                    cf: cf::DEVICES,
+                    key: b"d1".to_vec(),
+                    value: b"x".to_vec(),
+                },
+                Op::Put {
+                    cf: cf::SESSIONS,
+                    key: b"d1".to_vec(),
+                    value: b"s".to_vec(),
+                },
+            ],
         });
-        assert_eq!(inflight.get(cf::DEVICES, b"d1"), None);
-        assert_eq!(inflight.len(), 0);
+        assert_eq!(
+            inflight.get(cf::DEVICES, b"d1"),
+            Some(Some(Arc::from(&b"x"[..])))
+        );
+        assert_eq!(inflight.get(cf::TWINS, b"d1"), None);
+        assert_eq!(inflight.get(cf::SESSIONS, b"d1"), None);
+        assert_eq!(inflight.len(), 1);
         drop(release);
+        assert_eq!(inflight.len(), 0);
     }
 }

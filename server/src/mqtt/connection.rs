@@ -280,12 +280,20 @@ where
     finish(&ctx, &auth, &registration).await;
 }
 
+/// Queues the connection state change (MQT-13) without waiting for its sync: neither CONNACK
+/// nor closing the socket waits on the disk (see `Store::record_connection_then`). Queued in
+/// order, so a connection's "connected" always precedes its "disconnected".
 async fn record_connection(ctx: &HubContext, auth: &Authenticated, connected: bool) {
     let (d, m) = (auth.who.device_id.clone(), auth.who.module_id.clone());
     let now = ctx.clock.now();
+    let durable = |result: Result<(), ferrohub_engine::StorageError>| {
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "cannot record connection state");
+        }
+    };
     if let Err(e) = ctx
         .store
-        .run(move |s| s.record_connection(&d, m.as_deref(), connected, now))
+        .run(move |s| s.record_connection_then(&d, m.as_deref(), connected, now, durable))
         .await
     {
         tracing::warn!(error = %e, "cannot record connection state");
