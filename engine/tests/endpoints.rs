@@ -129,7 +129,7 @@ fn routing_notifications_moves_the_cursor_and_numbering_continues_after_reopen()
         assert_eq!(store.router_cursor().unwrap(), 0);
         let routed: Vec<NewEvent> = notes.iter().map(|n| ev(&n.device_id, "note")).collect();
         store
-            .append_routed_notifications(routed, UnixMillis(10), 3)
+            .append_routed_notifications(routed, UnixMillis(10), &[0, 1, 2])
             .unwrap();
         assert_eq!(store.router_cursor().unwrap(), 3);
         assert!(

@@ -61,7 +61,8 @@ pub async fn run(ctx: HubContext, wake: Arc<Notify>, shutdown: CancellationToken
                     })
                     .filter(|e| e.endpoints.as_ref().is_none_or(|v| !v.is_empty()))
                     .collect();
-                let appended = s.append_routed_notifications(events, at, next)?;
+                let routed: Vec<u64> = notes.iter().map(|n| n.sequence).collect();
+                let appended = s.append_routed_notifications(events, at, &routed)?;
                 Ok::<_, ferrohub_engine::d2c::D2cError>(Some((next, appended, notes)))
             })
             .await;
