@@ -217,9 +217,8 @@ impl Connections {
     pub fn method_target(&self, client_id: &ClientId) -> Option<mpsc::Sender<Outbound>> {
         let entries = self.entries.lock();
         let e = entries.get(client_id)?;
-        e.methods
-            .load(Ordering::Acquire)
-            .then(|| e.outbound.clone())
+        // A kicked connection (its identity deleted or disabled) takes no more calls.
+        (e.methods.load(Ordering::Acquire) && !e.kick.is_cancelled()).then(|| e.outbound.clone())
     }
 
     /// Wakes the C2D delivery of a device's connection, if it is connected.

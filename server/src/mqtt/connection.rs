@@ -361,6 +361,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
     ) -> End {
         let far = Duration::from_secs(86_400 * 365);
         let mut deadline = Instant::now() + keep_alive.unwrap_or(far);
+        // Made once, not per loop turn: registering and dropping a timer and two cancellation
+        // waiters for every packet was measurable CPU per message. A packet only moves
+        // `deadline`; the timer is re-armed when it fires early.
+        let keep_alive_timer = tokio::time::sleep_until(deadline);
+        let kicked = registration.kicked.cancelled();
+        let shutting_down = shutdown.cancelled();
+        let c2d_wake = std::sync::Arc::clone(&self.c2d_wake);
+        let c2d_woken = c2d_wake.notified();
+        tokio::pin!(keep_alive_timer, kicked, shutting_down, c2d_woken);
         loop {
             let can_read = self.pending.len() < MAX_INFLIGHT;
             let c2d_qos = self.c2d_subscription();
@@ -370,12 +379,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
             let reopen = self.c2d.window_reopens();
             tokio::select! {
                 biased;
-                _ = registration.kicked.cancelled() => return End::Kicked,
-                _ = shutdown.cancelled() => return End::Shutdown,
+                _ = &mut kicked => return End::Kicked,
+                _ = &mut shutting_down => return End::Shutdown,
                 Some(result) = self.pending.next(), if !self.pending.is_empty() => {
                     if let Some(end) = self.answer_ready(result).await { return end; }
                 }
-                _ = self.c2d_wake.notified() => self.c2d.want = true,
+                _ = &mut c2d_woken => {
+                    self.c2d.want = true;
+                    c2d_woken.set(c2d_wake.notified());
+                }
                 _ = tokio::time::sleep_until(reopen.unwrap_or_else(Instant::now)), if reopen.is_some() => {
                     self.c2d.want = true;
                 }
@@ -412,7 +424,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                         }
                     }
                 }
-                _ = tokio::time::sleep_until(deadline) => return End::KeepAlive,
+                _ = &mut keep_alive_timer => {
+                    if Instant::now() >= deadline {
+                        return End::KeepAlive;
+                    }
+                    keep_alive_timer.as_mut().reset(deadline);
+                }
             }
         }
     }

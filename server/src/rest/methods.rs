@@ -88,24 +88,27 @@ async fn invoke(
             payload.len()
         )));
     }
-    // The identity must exist (404 DeviceNotFound otherwise), whatever its connection.
-    let (d, m) = (device.clone(), module.clone());
-    ctx.store
-        .run(move |s| match &m {
-            Some(m) => s.get_module(&d, m).map(drop),
-            None => s.get_device(&d).map(drop),
-        })
-        .await?;
+    // The identity must exist (404 DeviceNotFound otherwise), whatever its connection. A
+    // connection that takes methods proves it without a store lookup: it authenticated as
+    // the identity, and deleting or disabling an identity kicks its connections once that is
+    // stored (a kicked connection takes no calls).
+    let who = Identity::new(device.clone(), module.clone());
+    if ctx.connections.method_target(&who.client_id()).is_none() {
+        let (d, m) = (device, module);
+        ctx.store
+            .run(move |s| match &m {
+                Some(m) => s.get_module(&d, m).map(drop),
+                None => s.get_device(&d).map(drop),
+            })
+            .await?;
+    }
     let request = MethodRequest {
         method: call.method_name,
         payload,
         connect_timeout: Duration::from_secs(connect_timeout),
         response_timeout: Duration::from_secs(response_timeout),
     };
-    match ctx
-        .call_method(&Identity::new(device, module), request)
-        .await
-    {
+    match ctx.call_method(&who, request).await {
         Ok(a) => {
             if a.payload.len() > MAX_PAYLOAD {
                 return Err(ApiError::TooLarge(
