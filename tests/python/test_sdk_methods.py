@@ -176,6 +176,18 @@ def test_silent_device_is_504101_after_the_response_timeout(sdk_hub):
     assert invoke_raw(sdk_hub, "m-silent", None, response=5).status_code == 404
 
 
+def test_a_deleted_device_is_404001_at_once_though_its_connection_was_open(sdk_hub):
+    # A call to a connected device skips the registry lookup; deleting the device must still
+    # make the next call DeviceNotFound, not a request to the connection being closed.
+    sdk_hub.create_device("m-gone")
+    c = connect_device(sdk_hub, "m-gone")
+    assert c.subscribe([("$iothub/methods/POST/#", 1)]) == [1]
+    assert sdk_hub.request("DELETE", "/devices/m-gone", sdk_hub.token(), headers={"If-Match": "*"}).status_code == 204
+    r = invoke_raw(sdk_hub, "m-gone", None, response=5)
+    assert (r.status_code, r.json()["errorCode"]) == (404, 404001)
+    c.close()
+
+
 def test_payload_limits_and_bad_requests(sdk_hub):
     sdk_hub.create_device("m-lim")
     assert invoke_raw(sdk_hub, "m-lim", "x" * (128 * 1024 + 1)).status_code == 413
