@@ -3,7 +3,7 @@
 # ../shared/tools/mqttload (issue 19): interleaved runs, REPEAT repetitions (default 3), and a
 # table of medians with the ferrohub/Mosquitto ratios on stdout. Per-run JSON is appended to
 # $OUT/compare-<time>.jsonl. Scenarios as arguments (default all; see bench/compare.py):
-#   pub100 pub1000 rate10k single connect-full connect-resumed idle5000 idle19000
+#   idle5000 idle19000 pub100 pub1000 rate10k single connect-full connect-resumed
 # PROFILE=1 records a perf profile of ferrohub's first run of each scenario. Not part of the
 # test suite; every run is bounded by its duration.
 set -euo pipefail
