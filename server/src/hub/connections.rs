@@ -17,17 +17,24 @@ use tokio_util::sync::CancellationToken;
 use crate::ids::{ClientId, DeviceId, Identity};
 
 /// What the hub pushes to a connected device, outside any request of its own.
+///
+/// Kept small (the method call is boxed): every connection's queue preallocates a block of
+/// 32 of these, idle or not.
 #[derive(Debug, Clone)]
 pub enum Outbound {
     /// A desired-properties change (TWN-8): the JSON body as the back-end sent it, with
     /// `$version`.
     DesiredPatch { version: u64, body: Vec<u8> },
     /// A direct method call (MTH-1): answered through [`crate::hub::methods::PendingCalls`].
-    MethodRequest {
-        rid: String,
-        method: String,
-        payload: Vec<u8>,
-    },
+    MethodRequest(Box<MethodRequestOut>),
+}
+
+/// A direct method call on its way to the device.
+#[derive(Debug, Clone)]
+pub struct MethodRequestOut {
+    pub rid: String,
+    pub method: String,
+    pub payload: Vec<u8>,
 }
 
 /// Outbound messages a connection may have queued; beyond this they are dropped (a twin

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::connections::Outbound;
+use super::connections::{MethodRequestOut, Outbound};
 use super::methods::MethodAnswer;
 use super::HubContext;
 use crate::ids::Identity;
@@ -77,11 +77,11 @@ impl HubContext {
         };
         let (rid, answer) = self.methods.start(&client_id);
         let sent = target
-            .send(Outbound::MethodRequest {
+            .send(Outbound::MethodRequest(Box::new(MethodRequestOut {
                 rid: rid.clone(),
                 method: request.method,
                 payload: request.payload,
-            })
+            })))
             .await;
         self.connections.note_depth(&target);
         metrics::counter!("ferrohub_method_calls_total").increment(1);

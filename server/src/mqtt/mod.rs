@@ -1,11 +1,13 @@
 //! The MQTT 3.1.1 device endpoint: framing ([`codec`]), the topic grammar ([`topics`]),
 //! property bags ([`property_bag`]), CONNECT authentication ([`authenticate`]) and the
-//! per-connection state machine ([`connection`]), with C2D delivery in [`c2d`]. `mqtt-protocol` types stay inside this module.
+//! per-connection state machine ([`connection`]), with C2D delivery in [`c2d`] and what a
+//! connection records when it opens and ends in [`lifecycle`]. `mqtt-protocol` types stay inside this module.
 
 pub mod authenticate;
 pub mod c2d;
 pub mod codec;
 pub mod connection;
+mod lifecycle;
 pub mod property_bag;
 pub mod topics;
 pub mod twin;

@@ -55,7 +55,9 @@ pub async fn accept_loop<F, Fut>(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let fut = handle(tcp, peer);
+        // Boxed: an async block that awaits a future it captured keeps two copies of it (the
+        // capture and the awaited state), which doubled every connection's task.
+        let fut = Box::pin(handle(tcp, peer));
         tracker.spawn(async move {
             let _permit = permit;
             fut.await;
@@ -93,11 +95,22 @@ pub async fn accept_tls_loop<F, Fut>(
                 inner_shutdown.clone(),
             );
             async move {
-                match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => protocol(tls, peer, shutdown).await,
-                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "{name} TLS handshake failed"),
-                    Err(_) => tracing::info!(%peer, "{name} TLS handshake not finished in {handshake_timeout:?}: closed"),
-                }
+                // The stream is moved into the protocol's future in a scope of its own: a
+                // result still in scope across the await would keep its room in the task.
+                let serving = {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => protocol(tls, peer, shutdown),
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "{name} TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::info!(%peer, "{name} TLS handshake not finished in {handshake_timeout:?}: closed");
+                            return;
+                        }
+                    }
+                };
+                serving.await
             }
         },
     )

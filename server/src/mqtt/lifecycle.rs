@@ -1,0 +1,83 @@
+//! What an MQTT connection records when it opens and when it ends: its connection state
+//! (MQT-13), queued without waiting for the disk, and its Will (MQT-8), sent as telemetry when
+//! the connection ends without a DISCONNECT.
+
+use crate::hub::connections::Registration;
+use crate::hub::HubContext;
+use crate::telemetry::{self, DeviceMessage};
+
+use super::authenticate::Authenticated;
+use super::property_bag;
+use super::topics::{self, Inbound};
+
+/// Queues the connection state change (MQT-13) without waiting for its sync: neither CONNACK
+/// nor closing the socket waits on the disk (see `Store::record_connection_then`). Queued in
+/// order, so a connection's "connected" always precedes its "disconnected".
+pub(super) async fn record_connection(ctx: &HubContext, auth: &Authenticated, connected: bool) {
+    let (d, m) = (auth.who.device_id.clone(), auth.who.module_id.clone());
+    let now = ctx.clock.now();
+    let durable = |result: Result<(), ferrohub_engine::StorageError>| {
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "cannot record connection state");
+        }
+    };
+    if let Err(e) = ctx
+        .store
+        .run(move |s| s.record_connection_then(&d, m.as_deref(), connected, now, durable))
+        .await
+    {
+        tracing::warn!(error = %e, "cannot record connection state");
+    }
+}
+
+pub(super) async fn finish(ctx: &HubContext, auth: &Authenticated, registration: &Registration) {
+    if registration.is_current() {
+        record_connection(ctx, auth, false).await;
+    }
+}
+
+/// Sends the Will as telemetry with `iothub-MessageType=Will` (MQT-8).
+pub(super) async fn publish_will(
+    ctx: &HubContext,
+    auth: &Authenticated,
+    topic: &str,
+    payload: Vec<u8>,
+    retain: bool,
+) {
+    let Ok(Inbound::Telemetry { bag }) = topics::parse_publish(topic, &auth.who) else {
+        tracing::debug!(
+            topic,
+            "will topic is not a telemetry topic of this identity; dropped"
+        );
+        return;
+    };
+    let Ok(properties) = property_bag::parse(bag) else {
+        return;
+    };
+    let mut msg = DeviceMessage {
+        properties,
+        body: payload,
+    };
+    telemetry::add_application_property(&mut msg, "iothub-MessageType", "Will");
+    if retain {
+        mark_retained(&mut msg);
+    }
+    match telemetry::to_event(&auth.record, auth.method, msg) {
+        Ok(event) => {
+            let lane = ctx.telemetry_lane();
+            let appended = ctx
+                .append_telemetry(&lane, vec![event], auth.who.module_id.clone())
+                .await;
+            if let Err(e) = appended.await {
+                tracing::error!(error = %e, "cannot store the will message");
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "will message refused"),
+    }
+}
+
+/// MQT-7: RETAIN is not kept; the message carries it as application properties.
+pub(super) fn mark_retained(msg: &mut DeviceMessage) {
+    telemetry::add_application_property(msg, "x-opt-retain", "true");
+    telemetry::add_application_property(msg, "mqtt-retain", "true");
+}
