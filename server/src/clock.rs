@@ -42,6 +42,12 @@ impl Clock {
     }
 
     /// Milliseconds since the Unix epoch.
+    /// Whether this clock follows tokio's time (tests on the paused clock), which moves
+    /// whenever no task and no blocking call is running.
+    pub fn follows_tokio(&self) -> bool {
+        matches!(&*self.0, Source::Tokio { .. })
+    }
+
     pub fn now(&self) -> UnixMillis {
         match &*self.0 {
             Source::System => UnixMillis(chrono::Utc::now().timestamp_millis()),

@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
 use crate::config::{Config, ConfigError, DurabilitySetting};
-use crate::hub::{self, Authenticator, Connections, D2cNotify, HubContext, StoreHandle};
+use crate::hub::{self, Authenticator, Connections, D2cNotify, HubContext, HubParts, StoreHandle};
 use crate::rest;
 use crate::tls::{self, TlsError, TlsPaths};
 use crate::transport::{amqp_tls, https, mqtt_tls};
@@ -146,7 +146,10 @@ impl Services {
         clock: Clock,
         shutdown: &CancellationToken,
     ) -> Result<Services, NodeError> {
-        let handle = StoreHandle::new(Arc::clone(&store));
+        let mut handle = StoreHandle::new(Arc::clone(&store));
+        if clock.follows_tokio() {
+            handle.wait_on_pool();
+        }
         let notifications_wake = Arc::new(tokio::sync::Notify::new());
         let (routing, next_sequences) = {
             let (section, hub_name, now) = (
@@ -182,7 +185,7 @@ impl Services {
             ),
             None => None,
         };
-        let ctx = HubContext {
+        let ctx = HubContext::new(HubParts {
             auth: Authenticator::new(handle.clone(), Arc::clone(&settings), clock.clone()),
             store: handle,
             settings,
@@ -198,7 +201,7 @@ impl Services {
             jobs: hub::scheduled_jobs::JobRunners::new(shutdown.clone()),
             configurations: hub::configurations::Reconciler::new(),
             timeouts: config.timeouts,
-        };
+        });
         hub::scheduled_jobs::resume(&ctx)
             .await
             .map_err(|e| NodeError::Other(format!("scheduled jobs: {e}")))?;

@@ -21,10 +21,14 @@
 //! - Deadlines are stored, never kept only in memory: a lock or TTL that passes while the hub
 //!   is down has passed when it comes back.
 //! - Sequence numbers of a queue only grow, also across a device's deletion and re-creation.
+//! - A send, receive or settle answers only once its batch is durable. The `_then` forms
+//!   ([`queued`]) answer from the commit thread and keep the device's stripe until then, so
+//!   the next change of the queue reads the state this one wrote, never the state before it.
 
 pub mod feedback;
 pub mod file_notifications;
 mod queue;
+mod queued;
 mod sweep;
 mod token;
 
@@ -190,6 +194,19 @@ impl Store {
         settings: &QueueSettings,
     ) -> Result<Sent, C2dError> {
         let _guard = self.stripes.lock(device_id);
+        let (batch, sent) = self.stage_send(device_id, message, now, settings)?;
+        self.raw.commit(batch)?;
+        Ok(sent)
+    }
+
+    /// The batch of a send, and what it answers; the caller holds the device's stripe.
+    fn stage_send(
+        &self,
+        device_id: &str,
+        message: C2dMessage,
+        now: UnixMillis,
+        settings: &QueueSettings,
+    ) -> Result<(Batch, Sent), C2dError> {
         let device = self
             .raw
             .get_record::<crate::model::Identity>(cf::DEVICES, &keys::device(device_id))?
@@ -232,13 +249,15 @@ impl Store {
         head.next_sequence += 1;
         head.depth += 1;
         head.put(&mut batch, &queue);
-        self.raw.commit(batch)?;
-        Ok(Sent {
-            sequence,
-            enqueued: now,
-            expiry,
-            depth: head.depth,
-        })
+        Ok((
+            batch,
+            Sent {
+                sequence,
+                enqueued: now,
+                expiry,
+                depth: head.depth,
+            },
+        ))
     }
 
     /// Locks up to `max` deliverable messages of a device, oldest first (C2D-3).
@@ -256,6 +275,19 @@ impl Store {
             return Ok(Vec::new());
         }
         let _guard = self.stripes.lock(device_id);
+        let (batch, delivered) = self.stage_receive(device_id, max, now, settings)?;
+        self.raw.commit(batch)?;
+        Ok(delivered)
+    }
+
+    /// The batch of a receive, and what it delivers; the caller holds the device's stripe.
+    fn stage_receive(
+        &self,
+        device_id: &str,
+        max: usize,
+        now: UnixMillis,
+        settings: &QueueSettings,
+    ) -> Result<(Batch, Vec<Delivered>), C2dError> {
         let queue = keys::c2d::device_queue(device_id);
         let mut head = Head::load(&self.raw, &queue)?;
         let before = head;
@@ -272,8 +304,7 @@ impl Store {
         if head != before {
             head.put(&mut batch, &queue);
         }
-        self.raw.commit(batch)?;
-        Ok(locked
+        let delivered = locked
             .into_iter()
             .map(|(q, token)| Delivered {
                 sequence: q.sequence,
@@ -283,7 +314,8 @@ impl Store {
                 expiry: q.expiry,
                 message: q.content.message,
             })
-            .collect())
+            .collect();
+        Ok((batch, delivered))
     }
 
     /// Completes, rejects or abandons the message a lock token names (C2D-3, C2D-5).
@@ -300,6 +332,20 @@ impl Store {
         settings: &QueueSettings,
     ) -> Result<Settled, C2dError> {
         let _guard = self.stripes.lock(device_id);
+        let (batch, outcome) = self.stage_settle(device_id, lock_token, action, now, settings)?;
+        self.raw.commit(batch)?;
+        Ok(outcome)
+    }
+
+    /// The batch of a settle, and its outcome; the caller holds the device's stripe.
+    fn stage_settle(
+        &self,
+        device_id: &str,
+        lock_token: &str,
+        action: Settle,
+        now: UnixMillis,
+        settings: &QueueSettings,
+    ) -> Result<(Batch, Settled), C2dError> {
         let queue = keys::c2d::device_queue(device_id);
         let mut q = queue::locked_by::<DeviceContent>(&self.raw, &queue, lock_token, now)?;
         let mut head = Head::load(&self.raw, &queue)?;
@@ -324,8 +370,7 @@ impl Store {
             Settle::Abandon => change.release(&mut q, settings.max_delivery_count),
         };
         head.put(&mut batch, &queue);
-        self.raw.commit(batch)?;
-        Ok(outcome)
+        Ok((batch, outcome))
     }
 
     /// Removes every message of a device's queue without feedback; returns how many.

@@ -369,6 +369,24 @@ impl Raw {
         }
     }
 
+    /// Queues a batch as [`Raw::commit`] writes it (batch hook included) without waiting:
+    /// `done` runs on the commit thread once it is durable, or at once for an empty batch.
+    pub(crate) fn submit_then(
+        &self,
+        mut batch: Batch,
+        done: CommitCallback,
+    ) -> Result<(), StorageError> {
+        if batch.is_empty() {
+            done(Ok(()));
+            return Ok(());
+        }
+        self.run_hook(&mut batch)?;
+        self.committer
+            .as_ref()
+            .ok_or(StorageError::ReadOnly)?
+            .submit_with(batch, done)
+    }
+
     /// Queues a batch; `done` runs on the commit thread once it is durable.
     pub(crate) fn submit_with(
         &self,

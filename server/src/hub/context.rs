@@ -20,9 +20,27 @@ use super::{c2d, methods, routes};
 use crate::clock::Clock;
 use crate::ids::{DeviceId, LockToken, ModuleId};
 
-/// Everything a protocol handler may use, cheap to clone.
+/// Everything a protocol handler may use: one pointer, so cloning it (per request, per
+/// connection, per background settle) costs one reference count, not one per part.
 #[derive(Clone)]
-pub struct HubContext {
+pub struct HubContext(Arc<HubParts>);
+
+impl HubContext {
+    pub fn new(parts: HubParts) -> Self {
+        HubContext(Arc::new(parts))
+    }
+}
+
+impl std::ops::Deref for HubContext {
+    type Target = HubParts;
+
+    fn deref(&self) -> &HubParts {
+        &self.0
+    }
+}
+
+/// The parts of a [`HubContext`].
+pub struct HubParts {
     pub store: StoreHandle,
     pub settings: Arc<HubSettings>,
     pub clock: Clock,
@@ -55,7 +73,7 @@ impl HubContext {
         let (settings, id, at) = (self.c2d.settings, device_id.clone(), self.clock.now());
         let sent = self
             .store
-            .run(move |s| s.send_c2d(&id, message, at, &settings))
+            .run_then(move |s, done| s.send_c2d_then(&id, message, at, &settings, done))
             .await?;
         self.c2d.scheduled(TimerKind::Expiry, sent.expiry);
         self.connections.wake_c2d(&device_id);

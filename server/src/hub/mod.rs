@@ -55,7 +55,7 @@ pub mod scheduled_jobs;
 pub use append_lane::{AppendLane, Message};
 pub use authenticator::{AuthFailure, Authenticator, DeviceAuth, ServiceClaim};
 pub use connections::Connections;
-pub use context::HubContext;
+pub use context::{HubContext, HubParts};
 pub use d2c_notify::D2cNotify;
 pub use partition_readers::PartitionReaders;
 pub use store_handle::StoreHandle;

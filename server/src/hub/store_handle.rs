@@ -10,7 +10,9 @@
 //!   commit queue depth is admitted, so a stalled disk suspends the writing tasks at admission
 //!   instead of parking a worker thread in the engine's blocking submit.
 //! - Calls through `run` may block their blocking-pool thread while a write is synced; many
-//!   such waiters are exactly what lets the committer fold their writes into one sync.
+//!   such waiters are exactly what lets the committer fold their writes into one sync. Calls
+//!   through [`StoreHandle::run_then`] free their thread once the write is queued and wait
+//!   for the commit thread's answer as a task (the C2D hot path: no thread per sync).
 //! - The store sits in a [`StoreSlot`] (see [`super::store_slot`]) that every handle and lane reads per call, so
 //!   [`super::storage_recovery`] can put a reopened store in place of a poisoned one; nothing
 //!   else keeps an `Arc<Store>` beyond one call.
@@ -24,10 +26,15 @@ use super::append_lane::AppendLane;
 use super::d2c_notify::D2cNotify;
 use super::store_slot::StoreSlot;
 
+/// The answer of a `*_then` engine call, run on the commit thread.
+pub type DoneCallback<T> = Box<dyn FnOnce(Result<T, StorageError>) + Send>;
+
 #[derive(Clone)]
 pub struct StoreHandle {
     slot: Arc<StoreSlot>,
     admission: Arc<Semaphore>,
+    /// `run_then` waits for its answer on the blocking pool (see [`StoreHandle::wait_on_pool`]).
+    answers_on_pool: bool,
 }
 
 impl StoreHandle {
@@ -36,7 +43,16 @@ impl StoreHandle {
         StoreHandle {
             slot: Arc::new(StoreSlot::new(store)),
             admission: Arc::new(Semaphore::new(permits)),
+            answers_on_pool: false,
         }
+    }
+
+    /// Makes [`StoreHandle::run_then`] wait for the commit thread's answer on the blocking
+    /// pool, as `run` does. For a hub on tokio's paused test clock: that clock jumps to the
+    /// next timer whenever no task and no blocking call runs, so a task waiting for another
+    /// thread's answer would let lock and keep-alive deadlines pass in no real time.
+    pub fn wait_on_pool(&mut self) {
+        self.answers_on_pool = true;
     }
 
     pub(super) fn slot(&self) -> &Arc<StoreSlot> {
@@ -69,14 +85,44 @@ impl StoreHandle {
         }
     }
 
+    /// Runs `f` on the blocking pool, which queues a write and hands `done` to the commit
+    /// thread, then waits for that answer without holding a thread: for engine calls in the
+    /// `*_then` form, whose locks are held until the write is durable.
+    ///
+    /// # Errors
+    /// What `f` refuses before queueing, or the storage error that lost the write.
+    pub async fn run_then<T, E>(
+        &self,
+        f: impl FnOnce(&Store, DoneCallback<T>) -> Result<(), E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StorageError> + Send + 'static,
+    {
+        if self.answers_on_pool {
+            return self
+                .run(move |s| {
+                    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                    f(s, Box::new(move |r| drop(tx.send(r))))?;
+                    rx.recv()
+                        .unwrap_or(Err(StorageError::Closed))
+                        .map_err(E::from)
+                })
+                .await;
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.run(move |s| f(s, Box::new(move |r| drop(tx.send(r)))))
+            .await?;
+        match rx.await {
+            Ok(r) => r.map_err(E::from),
+            Err(_) => Err(E::from(StorageError::Closed)),
+        }
+    }
+
     /// A new ordered lane for one connection's (or one request's) device messages; readers
     /// of the partitions they land in are woken through `readers`.
     pub fn lane(&self, readers: Arc<D2cNotify>) -> AppendLane {
-        AppendLane::new(
-            Arc::clone(&self.slot),
-            Arc::clone(&self.admission),
-            readers,
-        )
+        AppendLane::new(Arc::clone(&self.slot), Arc::clone(&self.admission), readers)
     }
 
     /// Holds every write until the guard is dropped (see `ferrohub_engine::Store::hold_commits`).

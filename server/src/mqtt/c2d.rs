@@ -118,7 +118,7 @@ impl Delivery {
         self.fetch = Some(Box::pin(async move {
             let settings = c2d.settings;
             let got = store
-                .run(move |s| s.receive_c2d(&id, room, at, &settings))
+                .run_then(move |s, done| s.receive_c2d_then(&id, room, at, &settings, done))
                 .await
                 .map_err(|e| e.to_string())?;
             if !got.is_empty() {
@@ -294,7 +294,7 @@ async fn settle(
     let at = ctx.clock.now();
     let result = ctx
         .store
-        .run(move |s| s.settle_c2d(&id, &lock_token, action, at, &settings))
+        .run_then(move |s, done| s.settle_c2d_then(&id, &lock_token, action, at, &settings, done))
         .await;
     ctx.connections.wake_c2d(device_id);
     result

@@ -10,7 +10,7 @@
 //! answers keep the order of requests. A failure is an error status to the device, never a
 //! closed connection.
 
-use ferrohub_engine::{StorageError, TwinError};
+use ferrohub_engine::TwinError;
 use mqtt::packet::{PubackPacket, PublishPacket, QoSWithPacketIdentifier, VariablePacket};
 use mqtt::TopicName;
 use serde_json::{Map, Value};
@@ -152,26 +152,18 @@ pub async fn patch_reported(
     let now = ctx.clock.now();
     // Checked, applied and queued on the blocking pool; the answer waits for the sync without
     // holding a thread or the device's lock, so the device's next patch can share that sync.
-    let (durable_tx, durable) = tokio::sync::oneshot::channel();
-    let queued = ctx
+    let result = ctx
         .store
-        .run(move |s| {
+        .run_then(move |s, done| {
             s.patch_reported_then(
                 &who.device_id,
                 who.module_id.as_deref(),
                 &patch,
                 now,
-                move |r| drop(durable_tx.send(r)),
+                done,
             )
         })
         .await;
-    let result = match queued {
-        Ok(()) => match durable.await {
-            Ok(r) => r.map_err(TwinError::from),
-            Err(_) => Err(TwinError::Storage(StorageError::Closed)),
-        },
-        Err(e) => Err(e),
-    };
     match result {
         Ok(version) => answer(pkid, response_topic(204, &rid, Some(version)), Vec::new()),
         Err(e) => answer(
