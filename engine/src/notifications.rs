@@ -154,11 +154,14 @@ impl Store {
         if notes.is_empty() {
             return self.raw.commit(batch);
         }
+        // The batch hook reads (the query index's old entries), so it runs before the lock;
+        // the writer's stripe locks already order the writes of each twin it touches.
+        self.raw.stage_derived(&mut batch)?;
         let ticket = {
             // IMPORTANT: assign and submit under one lock so records commit in key order.
             let mut next = self.twin_sequence.lock();
             number_notifications(&mut batch, notes, &mut next);
-            self.raw.submit(batch)?
+            self.raw.submit_staged(batch)?
         };
         ticket.wait()?;
         if let Some(hook) = self.notification_hook.get() {
@@ -173,18 +176,22 @@ impl Store {
     /// On `Err` nothing was queued and `done` is dropped unrun.
     pub(crate) fn submit_with_notifications_then(
         &self,
-        mut batch: Batch,
+        batch: Batch,
         notes: Vec<PendingNotification>,
         done: impl FnOnce(Result<(), StorageError>) + Send + 'static,
     ) -> Result<(), StorageError> {
         let hook = self.notification_hook.get().cloned();
         let announce = !notes.is_empty();
+        // Staging reads (the query index's old entries, the twin in flight), so it runs before
+        // the sequence lock, which every twin write in the hub takes: held across those reads it
+        // serialised all devices' patches. The caller's stripe locks order each twin's writes.
+        let mut staged = self.raw.stage_pipelined(batch)?;
         // IMPORTANT: assign and submit under one lock so records commit in key order.
         let mut next = self.twin_sequence.lock();
         let first = *next;
-        number_notifications(&mut batch, notes, &mut next);
-        let result = self.raw.submit_pipelined(
-            batch,
+        number_notifications(staged.batch_mut(), notes, &mut next);
+        let result = self.raw.queue_pipelined(
+            staged,
             Box::new(move |result| {
                 if let (Ok(()), true, Some(hook)) = (&result, announce, hook) {
                     hook();

@@ -4,7 +4,7 @@
 //! telemetry).
 //!
 //! # Invariants
-//! - Only batches submitted through [`super::Raw::submit_pipelined`] are tracked, and only
+//! - Only batches staged through [`super::Raw::stage_pipelined`] are tracked, and only
 //!   their writes to [`TRACKED`] column families. Their writers hold the device's stripe lock
 //!   from the read to the submit, so for one key entries are made in commit order.
 //! - An entry leaves when the batch that made it is durable or has failed, unless a later batch

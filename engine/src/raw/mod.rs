@@ -117,14 +117,28 @@ pub(crate) struct Raw {
     committer: Option<Committer>,
     /// Adds derived writes (the twin index) to every batch of `commit` and `submit`.
     hook: std::sync::OnceLock<Box<dyn BatchHook>>,
-    /// Twin writes queued by [`Raw::submit_pipelined`] and not yet durable.
+    /// Twin writes staged by [`Raw::stage_pipelined`] and not yet durable.
     inflight: Arc<inflight::Inflight>,
+}
+
+/// A batch staged by [`Raw::stage_pipelined`]: its tracked writes are visible in flight until
+/// it is queued and durable, or until it is dropped unqueued.
+pub(crate) struct Pipelined {
+    batch: Batch,
+    release: inflight::Release,
+}
+
+impl Pipelined {
+    /// The batch, for writes that derive nothing and track nothing (change-log records).
+    pub(crate) fn batch_mut(&mut self) -> &mut Batch {
+        &mut self.batch
+    }
 }
 
 /// Derived writes staged into a batch before it is queued, in the writer's thread (so under
 /// whatever locks the writer holds). Installed once per store.
 ///
-/// [`Raw::commit`], [`Raw::submit`] and [`Raw::submit_pipelined`] run it: the other callback
+/// [`Raw::commit`], [`Raw::submit`], [`Raw::stage_derived`] and [`Raw::stage_pipelined`] run it: the other callback
 /// paths (`submit_with`, `try_submit_with`) carry D2C appends, which never write identities or
 /// twins.
 pub(crate) trait BatchHook: Send + Sync {
@@ -399,18 +413,29 @@ impl Raw {
             .submit_with(batch, done)
     }
 
-    /// Queues a read-modify-write batch without waiting for it: its twin writes are visible to
-    /// [`Raw::get_for_update`] until `done` has run (on the commit thread, once the batch is
-    /// durable or failed), so the next write of the same twin need not wait for this sync.
-    /// The caller holds the stripe locks of the twins it writes.
-    pub(crate) fn submit_pipelined(
+    /// Stages `batch`'s derived writes (the batch hook) and makes its tracked writes visible
+    /// to [`Raw::get_for_update`] until it is durable or failed, so the next write of the same
+    /// twin need not wait for this sync. Queue it with [`Raw::queue_pipelined`]; dropping it
+    /// unqueued withdraws it. The caller holds the stripe locks of the twins it writes, from
+    /// the read to the queueing: they, not a global lock, order the writes of one twin.
+    pub(crate) fn stage_pipelined(&self, mut batch: Batch) -> Result<Pipelined, StorageError> {
+        if self.committer.is_none() {
+            return Err(StorageError::ReadOnly);
+        }
+        self.run_hook(&mut batch)?;
+        let release = self.inflight.track(&batch);
+        Ok(Pipelined { batch, release })
+    }
+
+    /// Queues a staged batch without waiting; `done` runs on the commit thread once it is
+    /// durable or failed, after its writes stopped being visible in flight.
+    pub(crate) fn queue_pipelined(
         &self,
-        mut batch: Batch,
+        staged: Pipelined,
         done: CommitCallback,
     ) -> Result<(), StorageError> {
         let committer = self.committer.as_ref().ok_or(StorageError::ReadOnly)?;
-        self.run_hook(&mut batch)?;
-        let release = self.inflight.track(&batch);
+        let Pipelined { batch, release } = staged;
         committer.submit_with(
             batch,
             Box::new(move |result| {
@@ -419,6 +444,20 @@ impl Raw {
                 done(result)
             }),
         )
+    }
+
+    /// Stages `batch`'s derived writes (the batch hook), for [`Raw::submit_staged`]: callers
+    /// that queue under a lock of their own run the hook, which reads, before taking it.
+    pub(crate) fn stage_derived(&self, batch: &mut Batch) -> Result<(), StorageError> {
+        self.run_hook(batch)
+    }
+
+    /// Queues a batch whose derived writes [`Raw::stage_derived`] staged.
+    pub(crate) fn submit_staged(&self, batch: Batch) -> Result<Ticket, StorageError> {
+        self.committer
+            .as_ref()
+            .ok_or(StorageError::ReadOnly)?
+            .submit(batch)
     }
 
     /// Queues `batch` unless the commit queue is full; see `Committer::try_submit_with`.
