@@ -44,6 +44,7 @@ pub mod partition_readers;
 pub mod retention;
 pub mod routes;
 pub mod storage_recovery;
+mod staging_pool;
 pub mod store_handle;
 pub mod store_slot;
 pub mod throttle;

@@ -11,8 +11,9 @@
 //!   instead of parking a worker thread in the engine's blocking submit.
 //! - Calls through `run` may block their blocking-pool thread while a write is synced; many
 //!   such waiters are exactly what lets the committer fold their writes into one sync. Calls
-//!   through [`StoreHandle::run_then`] free their thread once the write is queued and wait
-//!   for the commit thread's answer as a task (the C2D hot path: no thread per sync).
+//!   through [`StoreHandle::run_then`] run on a small fixed pool ([`super::staging_pool`]),
+//!   free their thread once the write is queued and wait for the commit thread's answer as a
+//!   task (the twin patch and C2D hot paths: no thread per sync, no thread per call).
 //! - The store sits in a [`StoreSlot`] (see [`super::store_slot`]) that every handle and lane reads per call, so
 //!   [`super::storage_recovery`] can put a reopened store in place of a poisoned one; nothing
 //!   else keeps an `Arc<Store>` beyond one call.
@@ -24,6 +25,7 @@ use tokio::sync::Semaphore;
 
 use super::append_lane::AppendLane;
 use super::d2c_notify::D2cNotify;
+use super::staging_pool::StagingPool;
 use super::store_slot::StoreSlot;
 
 /// The answer of a `*_then` engine call, run on the commit thread.
@@ -33,6 +35,8 @@ pub type DoneCallback<T> = Box<dyn FnOnce(Result<T, StorageError>) + Send>;
 pub struct StoreHandle {
     slot: Arc<StoreSlot>,
     admission: Arc<Semaphore>,
+    /// Where `run_then` stages its calls.
+    staging: Arc<StagingPool>,
     /// `run_then` waits for its answer on the blocking pool (see [`StoreHandle::wait_on_pool`]).
     answers_on_pool: bool,
 }
@@ -43,6 +47,7 @@ impl StoreHandle {
         StoreHandle {
             slot: Arc::new(StoreSlot::new(store)),
             admission: Arc::new(Semaphore::new(permits)),
+            staging: Arc::new(StagingPool::start()),
             answers_on_pool: false,
         }
     }
@@ -85,12 +90,13 @@ impl StoreHandle {
         }
     }
 
-    /// Runs `f` on the blocking pool, which queues a write and hands `done` to the commit
+    /// Runs `f` on the staging pool, where it queues a write and hands `done` to the commit
     /// thread, then waits for that answer without holding a thread: for engine calls in the
     /// `*_then` form, whose locks are held until the write is durable.
     ///
     /// # Errors
-    /// What `f` refuses before queueing, or the storage error that lost the write.
+    /// What `f` refuses before queueing, or the storage error that lost the write; a panic in
+    /// `f` becomes [`StorageError::Backend`] (via `E`).
     pub async fn run_then<T, E>(
         &self,
         f: impl FnOnce(&Store, DoneCallback<T>) -> Result<(), E> + Send + 'static,
@@ -110,12 +116,35 @@ impl StoreHandle {
                 })
                 .await;
         }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.run(move |s| f(s, Box::new(move |r| drop(tx.send(r)))))
-            .await?;
+        // One reply for both endings, so the task wakes once: the commit thread's answer, or
+        // `f`'s refusal (then nothing was queued and `done` was dropped unrun).
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<T, E>>();
+        let reply = Arc::new(parking_lot::Mutex::new(Some(tx)));
+        let slot = Arc::clone(&self.slot);
+        self.staging.run(move || {
+            let answer = Arc::clone(&reply);
+            let done: DoneCallback<T> = Box::new(move |r| {
+                if let Some(tx) = answer.lock().take() {
+                    let _ = tx.send(r.map_err(E::from));
+                }
+            });
+            // Read the slot here: storage recovery may hold it while it reopens.
+            let staged = slot
+                .current()
+                .map_err(E::from)
+                .and_then(|store| f(&store, done));
+            if let Err(e) = staged {
+                if let Some(tx) = reply.lock().take() {
+                    let _ = tx.send(Err(e));
+                }
+            }
+        });
         match rx.await {
-            Ok(r) => r.map_err(E::from),
-            Err(_) => Err(E::from(StorageError::Closed)),
+            Ok(r) => r,
+            // The call panicked (its reply dropped unsent), or the store closed under it.
+            Err(_) => Err(E::from(StorageError::Backend(
+                "engine task failed before answering".into(),
+            ))),
         }
     }
 
