@@ -281,8 +281,11 @@ fn held_until(d: &Delivered, lock_for: Duration, clock: &Clock) -> Instant {
     (Instant::now() + lock_for).min(clock.instant_at(d.expiry))
 }
 
-/// Settles one message and wakes the device's connection (its window opened, or the message
-/// is deliverable again).
+/// Settles one message. An abandoned message is deliverable again, so the device's connection
+/// is woken to fetch it. A completed or rejected one only freed a place in the window, and the
+/// connection looks at its window again after every packet; messages sent meanwhile woke it
+/// when they were queued. (Waking it anyway cost a fetch that found nothing, after nearly every
+/// message: a staging call and a queue scan.)
 async fn settle(
     ctx: &HubContext,
     device_id: &DeviceId,
@@ -296,7 +299,9 @@ async fn settle(
         .store
         .run_then(move |s, done| s.settle_c2d_then(&id, &lock_token, action, at, &settings, done))
         .await;
-    ctx.connections.wake_c2d(device_id);
+    if action == Settle::Abandon {
+        ctx.connections.wake_c2d(device_id);
+    }
     result
 }
 
