@@ -191,6 +191,19 @@ impl Raw {
         db_opts.create_missing_column_families(true);
         // Group commit gives durability; RocksDB's own per-write sync stays per call.
         db_opts.set_max_total_wal_size(256 << 20);
+        // Overwrite obsolete WAL files instead of growing new ones. On ext4 a sync that extends
+        // a file (or fills preallocated space) also writes the inode: measured here, appending
+        // syncs took 0.18 ms at the median and 0.73 ms at p99, overwriting ones 0.12 and 0.18.
+        // Each record carries its log number, so a recycled file's stale tail is not replayed;
+        // RocksDB recycles only files written by the running process.
+        db_opts.set_recycle_log_file_num(2);
+        // Compaction runs in bursts of whole seconds of CPU. On a small machine they preempt
+        // the commit thread and the connections, and a PUBACK waits milliseconds behind them.
+        // At the lowest CPU priority they take only what the foreground leaves; if they fall
+        // behind, RocksDB's own write slowdown gives them room.
+        let mut env = rocksdb::Env::new().map_err(|e| OpenError::Storage(backend(e)))?;
+        env.lower_thread_pool_cpu_priority();
+        db_opts.set_env(&env);
         let existing = DB::list_cf(&db_opts, path).unwrap_or_else(|_| vec!["default".to_string()]);
         let descriptors: Vec<_> = existing
             .iter()
