@@ -189,13 +189,7 @@ impl Store {
         let slot = custom[i].slot;
         let mut batch = crate::raw::Batch::default();
         batch.delete(cf::D2C_STATE, endpoint_key(name));
-        for p in slot.base..slot.base + slot.partitions {
-            batch.delete_range(
-                cf::D2C_EVENTS,
-                keys::d2c::partition_start(p),
-                keys::d2c::partition_end(p),
-            );
-        }
+        self.stage_hide_partitions(&mut batch, slot.base..slot.base + slot.partitions);
         self.raw.commit(batch)?;
         custom.remove(i);
         Ok(())

@@ -72,22 +72,22 @@ mod tests {
 
 /// Keys of the D2C column families.
 pub mod d2c {
-    /// An event in `d2c_events`: `partition:u16be ‖ sequence:u64be`.
-    pub fn event(partition: u16, sequence: u64) -> Vec<u8> {
-        let mut k = Vec::with_capacity(10);
-        k.extend_from_slice(&partition.to_be_bytes());
-        k.extend_from_slice(&sequence.to_be_bytes());
-        k
+    pub use ferrohub_migrations::m0007_d2c_segments::{
+        event_key as event, parse_segment_index_key, segment_index_key, CURRENT_SEGMENT_KEY,
+        SEGMENT_INDEX_PREFIX,
+    };
+
+    /// Exclusive end of a partition's events within one segment of `d2c_log`.
+    pub fn segment_partition_end(segment: u32, partition: u16) -> Vec<u8> {
+        match partition.checked_add(1) {
+            Some(next) => event(segment, next, 0),
+            None => segment_start(segment.saturating_add(1)),
+        }
     }
 
-    /// First key of a partition in `d2c_events`.
-    pub fn partition_start(partition: u16) -> Vec<u8> {
-        event(partition, 0)
-    }
-
-    /// Exclusive end of a partition in `d2c_events`.
-    pub fn partition_end(partition: u16) -> Vec<u8> {
-        (partition as u32 + 1).to_be_bytes()[2..].to_vec()
+    /// First key of a segment in `d2c_log`.
+    pub fn segment_start(segment: u32) -> Vec<u8> {
+        segment.to_be_bytes().to_vec()
     }
 
     /// The head (next sequence number and offset) of a partition in `d2c_state`.
@@ -129,11 +129,12 @@ pub mod d2c {
         use super::*;
 
         #[test]
-        fn partitions_do_not_overlap() {
-            assert!(event(0, u64::MAX) < partition_end(0));
-            assert_eq!(partition_end(0), partition_start(1)[..2].to_vec());
-            assert!(event(1, 0) >= partition_end(0));
-            assert!(event(1, 5) < event(1, 6));
+        fn a_partition_in_a_segment_does_not_overlap_the_next() {
+            assert!(event(0, 0, u64::MAX) < segment_partition_end(0, 0));
+            assert_eq!(segment_partition_end(0, 0), event(0, 1, 0));
+            assert_eq!(segment_partition_end(3, u16::MAX), segment_start(4));
+            assert!(event(3, u16::MAX, u64::MAX) < segment_start(4));
+            assert!(event(1, 0, 0) > event(0, 9, 9));
         }
     }
 }

@@ -231,7 +231,8 @@ impl Store {
         commit_queue_depth: usize,
     ) -> Result<Store, StorageError> {
         let custom_endpoints = endpoints::load(&raw)?;
-        let partitions = d2c::Partitions::load(&raw, partition_count, custom_endpoints)?;
+        let partitions =
+            d2c::Partitions::load(&raw, partition_count, custom_endpoints, version >= 7)?;
         let twin_sequence = Mutex::new(next_twin_sequence(&raw, version)?);
         let feedback_sequence = next_feedback_sequence(&raw, version)?.into();
         let store = Store {

@@ -72,9 +72,16 @@ struct Partition {
     last: Option<Event>,
 }
 
+/// Small segments, so the model's few events span many of them (and retention drops some).
+fn open(dir: &std::path::Path) -> Store {
+    let store = common::open(dir);
+    store.set_d2c_segment_bytes(300);
+    store
+}
+
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
-    let mut store: Store = common::open(dir.path());
+    let mut store: Store = open(dir.path());
     let count = store.partition_count();
     let mut parts = vec![Partition::default(); count as usize];
     let mut now = common::T0.0;
@@ -183,7 +190,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Reopen => {
                 drop(store);
-                store = common::open(dir.path());
+                store = open(dir.path());
             }
         }
         for (i, p) in parts.iter().enumerate() {

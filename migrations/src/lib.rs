@@ -24,6 +24,7 @@ mod m0003_telemetry;
 mod m0004_twins;
 mod m0005_c2d;
 mod m0006_twin_index;
+pub mod m0007_d2c_segments;
 
 /// Column family names as they exist on disk. Steps and the engine use these constants only.
 pub mod cf {
@@ -35,8 +36,11 @@ pub mod cf {
     pub const MODULES: &str = "modules";
     /// Registry statistics as merge-operator counters (since version 2).
     pub const COUNTERS: &str = "counters";
-    /// D2C events, keyed by partition then sequence number (since version 3).
+    /// D2C events of versions 3 to 6, keyed by partition then sequence number. Version 7
+    /// moves them into [`D2C_LOG`] and drops this column family.
     pub const D2C_EVENTS: &str = "d2c_events";
+    /// D2C events, keyed by segment, partition and sequence number (since version 7).
+    pub const D2C_LOG: &str = "d2c_log";
     /// D2C partition heads, consumer groups and checkpoints (since version 3).
     pub const D2C_STATE: &str = "d2c_state";
     /// Persistent MQTT sessions (CleanSession=0), keyed by client id (since version 3).
@@ -62,7 +66,7 @@ pub mod cf {
         DEVICES,
         MODULES,
         COUNTERS,
-        D2C_EVENTS,
+        D2C_LOG,
         D2C_STATE,
         SESSIONS,
         TWINS,
@@ -93,19 +97,33 @@ pub enum MigrationError {
     Storage(String),
 }
 
+/// A scan's callback: a key and its raw (framed) value.
+pub type Visitor<'a, R> = dyn FnMut(&[u8], &[u8]) -> Result<R, MigrationError> + 'a;
+
 /// What a migration step may do. Writes are staged and committed by [`SchemaTarget::commit`]
 /// atomically with the new version.
 pub trait SchemaTarget {
     /// Creates a column family if it does not exist yet.
     fn ensure_column_family(&mut self, name: &str) -> Result<(), MigrationError>;
     /// Visits every key and raw (framed) value of a column family in key order.
-    fn scan(
+    fn scan(&self, cf: &str, visit: &mut Visitor<'_, ()>) -> Result<(), MigrationError>;
+    /// Visits keys and raw values of a column family in key order from `from` (inclusive)
+    /// while `visit` returns `true`.
+    fn scan_from(
         &self,
         cf: &str,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), MigrationError>,
+        from: &[u8],
+        visit: &mut Visitor<'_, bool>,
     ) -> Result<(), MigrationError>;
     /// Stages a put of a raw (already framed) value.
     fn stage_put(&mut self, cf: &str, key: &[u8], value: Vec<u8>);
+    /// Commits the writes staged so far, durably, without changing the schema version. A step
+    /// that copies more than fits in memory calls it between chunks; such a step must be
+    /// idempotent, since a crash re-runs it from the start.
+    fn checkpoint(&mut self) -> Result<(), MigrationError>;
+    /// Drops a column family and its data if it exists. Not atomic with the staged writes: a
+    /// step calls it only after a checkpoint made what replaces the data durable.
+    fn drop_column_family(&mut self, name: &str) -> Result<(), MigrationError>;
     /// Commits the staged writes together with `version` as the new schema version, durably.
     fn commit(&mut self, version: u32) -> Result<(), MigrationError>;
 }
@@ -125,6 +143,7 @@ pub const MIGRATIONS: &[Migration] = &[
     m0004_twins::MIGRATION,
     m0005_c2d::MIGRATION,
     m0006_twin_index::MIGRATION,
+    m0007_d2c_segments::MIGRATION,
 ];
 
 /// The version this build writes.

@@ -8,6 +8,9 @@
 //!   therefore atomic too.
 //! - After a failed write the committer is poisoned: every later commit fails with
 //!   [`StorageError::Poisoned`] until the process restarts and RocksDB recovers from its WAL.
+//! - A batch that asks for a memtable switch ends its group; the switch happens after its
+//!   write and before the next group's, so the switch falls exactly between the two in
+//!   submission order.
 //! - While a [`CommitHold`] lives, nothing is written: queued batches wait, and a full queue
 //!   makes `submit` block. Tests use it to show what the layers above do when the disk stalls.
 
@@ -233,19 +236,35 @@ fn run(db: Arc<DB>, durability: Durability, rx: Receiver<Pending>, shared: Arc<S
     while let Ok(first) = rx.recv() {
         shared.wait_while_held();
         let mut group = vec![first];
-        while group.len() < MAX_GROUP {
+        while group.len() < MAX_GROUP && group[group.len() - 1].batch.switch_memtable.is_none() {
             match rx.try_recv() {
                 Ok(p) => group.push(p),
                 Err(_) => break,
             }
         }
         let result = write_group(&db, &wo, &group, &shared);
+        if let (Ok(()), Some(cf)) = (&result, group[group.len() - 1].batch.switch_memtable) {
+            switch_memtable(&db, cf);
+        }
         shared
             .commits
             .fetch_add(group.len() as u64, Ordering::Relaxed);
         for p in group {
             p.reply.send(result.clone());
         }
+    }
+}
+
+/// Switches a column family's memtable (RocksDB does it in this thread; the flush of the old
+/// one runs in the background). A failure costs only the alignment, so it is logged.
+fn switch_memtable(db: &DB, cf: &str) {
+    let Some(handle) = db.cf_handle(cf) else {
+        return;
+    };
+    let mut fo = rocksdb::FlushOptions::default();
+    fo.set_wait(false);
+    if let Err(e) = db.flush_cf_opt(handle, &fo) {
+        tracing::warn!(cf, error = %e, "memtable switch failed");
     }
 }
 

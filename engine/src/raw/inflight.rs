@@ -118,9 +118,11 @@ mod tests {
     fn a_later_batch_keeps_its_entry_when_an_earlier_one_completes() {
         let inflight = Arc::new(Inflight::default());
         let first = inflight.track(&Batch {
+            switch_memtable: None,
             ops: vec![put(b"d1", b"v1")],
         });
         let second = inflight.track(&Batch {
+            switch_memtable: None,
             ops: vec![
                 put(b"d1", b"v2"),
                 Op::Delete {
@@ -144,6 +146,7 @@ mod tests {
     fn only_twin_and_identity_writes_are_tracked_each_under_its_column_family() {
         let inflight = Arc::new(Inflight::default());
         let release = inflight.track(&Batch {
+            switch_memtable: None,
             ops: vec![
                 Op::Put {
                     cf: cf::DEVICES,

@@ -1,7 +1,7 @@
 //! Adapter that lets `ferrohub-migrations` steps act on the RocksDB database at open time.
 
-use ferrohub_migrations::{cf, record, MigrationError, SchemaTarget, VERSION_KEY};
-use rocksdb::{IteratorMode, WriteBatch, WriteOptions, DB};
+use ferrohub_migrations::{cf, record, MigrationError, SchemaTarget, Visitor, VERSION_KEY};
+use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
 
 use super::cf_options;
 use crate::error::StorageError;
@@ -52,11 +52,7 @@ impl SchemaTarget for Target<'_> {
         Ok(())
     }
 
-    fn scan(
-        &self,
-        cf: &str,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), MigrationError>,
-    ) -> Result<(), MigrationError> {
+    fn scan(&self, cf: &str, visit: &mut Visitor<'_, ()>) -> Result<(), MigrationError> {
         let Some(handle) = self.db.cf_handle(cf) else {
             return Ok(());
         };
@@ -67,11 +63,57 @@ impl SchemaTarget for Target<'_> {
         Ok(())
     }
 
+    fn scan_from(
+        &self,
+        cf: &str,
+        from: &[u8],
+        visit: &mut Visitor<'_, bool>,
+    ) -> Result<(), MigrationError> {
+        let Some(handle) = self.db.cf_handle(cf) else {
+            return Ok(());
+        };
+        for item in self
+            .db
+            .iterator_cf(handle, IteratorMode::From(from, Direction::Forward))
+        {
+            let (k, v) = item.map_err(storage)?;
+            if !visit(&k, &v)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     fn stage_put(&mut self, cf: &str, key: &[u8], value: Vec<u8>) {
         self.staged.push((cf.to_string(), key.to_vec(), value));
     }
 
+    fn checkpoint(&mut self) -> Result<(), MigrationError> {
+        let batch = self.staged_batch()?;
+        self.write_synced(batch)
+    }
+
+    fn drop_column_family(&mut self, name: &str) -> Result<(), MigrationError> {
+        if self.db.cf_handle(name).is_some() {
+            self.db.drop_cf(name).map_err(storage)?;
+        }
+        Ok(())
+    }
+
     fn commit(&mut self, version: u32) -> Result<(), MigrationError> {
+        let mut batch = self.staged_batch()?;
+        let meta = self
+            .db
+            .cf_handle(cf::META)
+            .ok_or_else(|| MigrationError::Storage("column family meta missing".into()))?;
+        batch.put_cf(meta, VERSION_KEY, record::encode(&version));
+        self.write_synced(batch)
+    }
+}
+
+impl Target<'_> {
+    /// The staged writes as one batch (the staging list is emptied).
+    fn staged_batch(&mut self) -> Result<WriteBatch, MigrationError> {
         let mut batch = WriteBatch::default();
         for (cf, key, value) in self.staged.drain(..) {
             let handle = self
@@ -80,11 +122,10 @@ impl SchemaTarget for Target<'_> {
                 .ok_or_else(|| MigrationError::Storage(format!("column family {cf} missing")))?;
             batch.put_cf(handle, key, value);
         }
-        let meta = self
-            .db
-            .cf_handle(cf::META)
-            .ok_or_else(|| MigrationError::Storage("column family meta missing".into()))?;
-        batch.put_cf(meta, VERSION_KEY, record::encode(&version));
+        Ok(batch)
+    }
+
+    fn write_synced(&self, batch: WriteBatch) -> Result<(), MigrationError> {
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
         self.db.write_opt(batch, &wo).map_err(storage)

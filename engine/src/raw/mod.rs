@@ -68,6 +68,9 @@ pub(crate) enum Op {
 #[derive(Debug, Default)]
 pub struct Batch {
     pub(crate) ops: Vec<Op>,
+    /// A column family whose memtable the committer switches right after writing this batch,
+    /// before any later batch: a later flush then holds only what was queued after it.
+    pub(crate) switch_memtable: Option<&'static str>,
 }
 
 impl Batch {
@@ -105,8 +108,12 @@ impl Batch {
             });
         }
     }
+    /// Asks the committer to switch `cf`'s memtable once this batch is written.
+    pub(crate) fn switch_memtable_after(&mut self, cf: &'static str) {
+        self.switch_memtable = Some(cf);
+    }
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
+        self.ops.is_empty() && self.switch_memtable.is_none()
     }
 }
 
@@ -542,6 +549,20 @@ impl Raw {
     pub(crate) fn checkpoint(&self, dir: &Path) -> Result<(), StorageError> {
         let cp = rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(backend)?;
         cp.create_checkpoint(dir).map_err(backend)
+    }
+
+    /// Deletes the table files of `cf` that lie wholly in `[from, to)`, without compaction.
+    /// Only for key ranges nothing reads any more: a snapshot taken earlier loses them too.
+    pub(crate) fn drop_files_in_range(
+        &self,
+        cf: &'static str,
+        from: &[u8],
+        to: &[u8],
+    ) -> Result<(), StorageError> {
+        let handle = self.handle(cf)?;
+        self.db
+            .delete_file_in_range_cf(handle, from, to)
+            .map_err(backend)
     }
 
     /// Flushes memtables so the next open replays little WAL. Called on clean shutdown.

@@ -11,7 +11,9 @@
 //!   submission order. An append returns only after its event is durable.
 //! - Offsets are byte positions: an event's offset is the previous event's offset plus the
 //!   previous event's stored size. Enqueued times never decrease within a partition.
-//! - Retention removes whole prefixes with one range delete per partition.
+//! - What a reader may see of a partition starts at its head's `begin`: retention and endpoint
+//!   deletion raise it, and table files wholly below every partition's `begin` are dropped
+//!   (keys and segments: the `segments` module).
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -23,6 +25,10 @@ use crate::keys;
 use crate::model::UnixMillis;
 use crate::raw::{Batch, Raw};
 use crate::slots::Endpoint;
+use segments::Segments;
+
+mod retention;
+mod segments;
 pub use crate::slots::{partition_of, EndpointSlot, MAX_PARTITIONS};
 use crate::Store;
 
@@ -70,6 +76,20 @@ pub struct D2cEvent {
     pub application_properties: Vec<(String, String)>,
     #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
+}
+
+/// A [`D2cEvent`] as it is encoded, borrowing what the appender gave: the same fields, names
+/// and order, so the stored bytes are the same, without copying properties and body first.
+#[derive(Serialize)]
+struct D2cEventRef<'a> {
+    partition: u16,
+    sequence_number: u64,
+    offset: u64,
+    enqueued_time: UnixMillis,
+    system_properties: &'a [(String, String)],
+    application_properties: &'a [(String, String)],
+    #[serde(with = "serde_bytes")]
+    body: &'a [u8],
 }
 
 /// An event to append; the engine assigns partition, sequence number, offset and time.
@@ -137,6 +157,12 @@ struct PartitionHead {
     last_enqueued: UnixMillis,
     last_sequence: Option<u64>,
     last_offset: Option<u64>,
+    /// The segment of the partition's last event (since version 7).
+    #[serde(default)]
+    segment: Option<u32>,
+    /// The first sequence number a reader may see; earlier events are expired or deleted.
+    #[serde(default)]
+    begin: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -170,6 +196,7 @@ pub(crate) struct Partitions {
     heads: Vec<Mutex<PartitionHead>>,
     builtin: u16,
     pub(crate) custom: parking_lot::RwLock<Vec<Endpoint>>,
+    segments: Segments,
 }
 
 impl Partitions {
@@ -178,6 +205,7 @@ impl Partitions {
         raw: &Raw,
         builtin: u16,
         custom: Vec<Endpoint>,
+        segmented: bool,
     ) -> Result<Partitions, StorageError> {
         let mut heads = Vec::with_capacity(MAX_PARTITIONS as usize);
         for p in 0..MAX_PARTITIONS {
@@ -186,10 +214,16 @@ impl Partitions {
                 .unwrap_or_default();
             heads.push(Mutex::new(head));
         }
+        let last_written = heads
+            .iter()
+            .filter_map(|h| h.lock().segment)
+            .max()
+            .unwrap_or(0);
         Ok(Partitions {
             heads,
             builtin,
             custom: parking_lot::RwLock::new(custom),
+            segments: Segments::load(raw, segmented, last_written)?,
         })
     }
 
@@ -322,6 +356,10 @@ impl Store {
             }
         }
         let before: Vec<(u16, PartitionHead)> = guards.iter().map(|(p, h)| (*p, **h)).collect();
+        // Read under the partition locks: the segment cannot change until they are released.
+        let segments = &self.partitions().segments;
+        let segment = segments.current();
+        let mut staged_bytes = 0u64;
         let mut batch = Batch::default();
         let mut out = Vec::with_capacity(events.len());
         for (ev, ps) in events.iter().zip(targets) {
@@ -332,26 +370,32 @@ impl Store {
                     .expect("locked above")
                     .1;
                 let enqueued = now.max(head.last_enqueued);
-                let event = D2cEvent {
+                let event = D2cEventRef {
                     partition: p,
                     sequence_number: head.next_sequence,
                     offset: head.next_offset,
                     enqueued_time: enqueued,
-                    system_properties: ev.system_properties.clone(),
-                    application_properties: ev.application_properties.clone(),
-                    body: ev.body.clone(),
+                    system_properties: &ev.system_properties,
+                    application_properties: &ev.application_properties,
+                    body: &ev.body,
                 };
                 let framed = record::encode(&event);
+                if head.segment != Some(segment) {
+                    segments.note_first(&mut batch, p, event.sequence_number, segment);
+                }
+                staged_bytes += framed.len() as u64;
                 **head = PartitionHead {
                     next_sequence: event.sequence_number + 1,
                     next_offset: event.offset + framed.len() as u64,
                     last_enqueued: enqueued,
                     last_sequence: Some(event.sequence_number),
                     last_offset: Some(event.offset),
+                    segment: Some(segment),
+                    begin: head.begin,
                 };
                 batch.put_framed(
-                    cf::D2C_EVENTS,
-                    keys::d2c::event(p, event.sequence_number),
+                    cf::D2C_LOG,
+                    keys::d2c::event(segment, p, event.sequence_number),
                     framed,
                 );
                 out.push(Appended {
@@ -365,6 +409,7 @@ impl Store {
         for (p, head) in &guards {
             batch.put_record(cf::D2C_STATE, keys::d2c::head(*p), &**head);
         }
+        segments.add_bytes(staged_bytes);
         Ok(Some((
             batch,
             out,
@@ -387,6 +432,7 @@ impl Store {
         let (batch, out, guards) = self.stage_events(events, now)?;
         let ticket = self.raw.submit(batch)?;
         drop(guards);
+        self.maybe_switch_segment()?;
         ticket.wait()?;
         Ok(out)
     }
@@ -407,6 +453,7 @@ impl Store {
         self.raw
             .submit_with(batch, Box::new(move |r| done(r.map(|()| out))))?;
         drop(guards);
+        self.maybe_switch_segment()?;
         Ok(())
     }
 
@@ -439,6 +486,8 @@ impl Store {
             })
         };
         if self.raw.try_submit_with(batch, callback)? {
+            drop(guards);
+            self.maybe_switch_segment()?;
             return Ok(Ok(()));
         }
         // Not queued: put the heads back while still holding their locks, so no one saw them.
@@ -470,19 +519,26 @@ impl Store {
                 self.first_sequence_where(partition, |e| e.enqueued_time >= t)?
             }
         };
+        self.scan_partition(partition, start_seq, max)
+    }
+
+    /// Up to `max` readable events of a partition from sequence `from`, in order.
+    fn scan_partition(&self, p: u16, from: u64, max: usize) -> Result<Vec<D2cEvent>, D2cError> {
+        let from = from.max(self.partitions().heads[p as usize].lock().begin);
         let mut out = Vec::new();
         if max == 0 {
             return Ok(out);
         }
-        self.raw.scan_records::<D2cEvent>(
-            cf::D2C_EVENTS,
-            &keys::d2c::event(partition, start_seq),
-            Some(keys::d2c::partition_end(partition)),
-            |_, e| {
-                out.push(e);
-                out.len() < max
-            },
-        )?;
+        for (start, end) in self.partitions().segments.ranges_from(p, from) {
+            self.raw
+                .scan_records::<D2cEvent>(cf::D2C_LOG, &start, Some(end), |_, e| {
+                    out.push(e);
+                    out.len() < max
+                })?;
+            if out.len() >= max {
+                break;
+            }
+        }
         Ok(out)
     }
 
@@ -518,17 +574,7 @@ impl Store {
     }
 
     fn first_event_at_or_after(&self, p: u16, seq: u64) -> Result<Option<D2cEvent>, D2cError> {
-        let mut found = None;
-        self.raw.scan_records::<D2cEvent>(
-            cf::D2C_EVENTS,
-            &keys::d2c::event(p, seq),
-            Some(keys::d2c::partition_end(p)),
-            |_, e| {
-                found = Some(e);
-                false
-            },
-        )?;
-        Ok(found)
+        Ok(self.scan_partition(p, seq, 1)?.pop())
     }
 
     /// Partition information with Event Hubs' field meanings.
@@ -538,7 +584,7 @@ impl Store {
     pub fn partition_info(&self, partition: u16) -> Result<PartitionInfo, D2cError> {
         self.check_partition(partition)?;
         let head = *self.partitions().heads[partition as usize].lock();
-        let first = self.first_event_at_or_after(partition, 0)?;
+        let first = self.first_event_at_or_after(partition, head.begin)?;
         Ok(PartitionInfo {
             partition,
             begin_sequence_number: first
@@ -550,33 +596,6 @@ impl Store {
             last_enqueued_time: head.last_sequence.map(|_| head.last_enqueued),
             is_empty: first.is_none(),
         })
-    }
-
-    /// Removes, with one range delete per partition, every event enqueued before `cutoff`.
-    /// Returns how many events were removed.
-    ///
-    /// # Errors
-    /// Storage errors; then nothing was removed.
-    pub fn trim_events_before(&self, cutoff: UnixMillis) -> Result<u64, D2cError> {
-        let mut batch = Batch::default();
-        let mut removed = 0;
-        for p in self.partitions().all() {
-            let info = self.partition_info(p)?;
-            if info.is_empty {
-                continue;
-            }
-            let keep_from = self.first_sequence_where(p, |e| e.enqueued_time >= cutoff)?;
-            if keep_from > info.begin_sequence_number {
-                removed += keep_from - info.begin_sequence_number;
-                batch.delete_range(
-                    cf::D2C_EVENTS,
-                    keys::d2c::partition_start(p),
-                    keys::d2c::event(p, keep_from),
-                );
-            }
-        }
-        self.raw.commit(batch)?;
-        Ok(removed)
     }
 
     /// Creates a consumer group.
@@ -689,5 +708,35 @@ impl Store {
         Ok(self
             .raw
             .get_record(cf::D2C_STATE, &keys::d2c::checkpoint(group, partition))?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_borrowed_event_encodes_as_the_stored_one() {
+        let event = D2cEvent {
+            partition: 3,
+            sequence_number: 7,
+            offset: 900,
+            enqueued_time: UnixMillis(1_700_000_000_123),
+            system_properties: vec![("message-id".into(), "m1".into())],
+            application_properties: vec![("k".into(), "v".into()), ("x".into(), "".into())],
+            body: b"{\"t\":21.5}".to_vec(),
+        };
+        let borrowed = D2cEventRef {
+            partition: event.partition,
+            sequence_number: event.sequence_number,
+            offset: event.offset,
+            enqueued_time: event.enqueued_time,
+            system_properties: &event.system_properties,
+            application_properties: &event.application_properties,
+            body: &event.body,
+        };
+        let bytes = record::encode(&borrowed);
+        assert_eq!(bytes, record::encode(&event));
+        assert_eq!(record::decode::<D2cEvent>(&bytes).unwrap(), event);
     }
 }
