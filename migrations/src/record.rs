@@ -26,12 +26,19 @@ pub enum RecordError {
 
 /// Frames a value: checksum, then the named MessagePack encoding.
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    encode_sized(value, 64)
+}
+
+/// [`encode`] into a buffer sized for `payload_hint` bytes of payload, so a record whose size
+/// the caller can estimate (a D2C event: its body and properties) is encoded without growing.
+pub fn encode_sized<T: Serialize + ?Sized>(value: &T, payload_hint: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + payload_hint);
+    out.extend_from_slice(&[0; HEADER_LEN]);
     // Encoding our own plain data types into a Vec cannot fail: no I/O, no maps with
     // non-string keys, no unsupported types. A failure here is a programming error.
-    let payload = rmp_serde::to_vec_named(value).expect("record types always encode");
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(&crc32fast::hash(&payload).to_be_bytes());
-    out.extend_from_slice(&payload);
+    rmp_serde::encode::write_named(&mut out, value).expect("record types always encode");
+    let crc = crc32fast::hash(&out[HEADER_LEN..]);
+    out[..HEADER_LEN].copy_from_slice(&crc.to_be_bytes());
     out
 }
 

@@ -20,16 +20,22 @@ pub enum AuthMethod {
 }
 
 impl AuthMethod {
-    pub fn json(self) -> String {
-        let (scope, kind) = match self {
-            AuthMethod::Sas { hub_policy: false } => ("device", "sas"),
-            AuthMethod::Sas { hub_policy: true } => ("hub", "sas"),
-            AuthMethod::X509SelfSigned => ("device", "x509Certificate"),
-            AuthMethod::X509Ca => ("device", "x509Ca"),
-        };
-        format!(
-            r#"{{"scope":"{scope}","type":"{kind}","issuer":"iothub","acceptingIpFilterRule":null}}"#
-        )
+    pub fn json(self) -> &'static str {
+        // Constants, not formatted per message: every stored event carries one.
+        match self {
+            AuthMethod::Sas { hub_policy: false } => {
+                r#"{"scope":"device","type":"sas","issuer":"iothub","acceptingIpFilterRule":null}"#
+            }
+            AuthMethod::Sas { hub_policy: true } => {
+                r#"{"scope":"hub","type":"sas","issuer":"iothub","acceptingIpFilterRule":null}"#
+            }
+            AuthMethod::X509SelfSigned => {
+                r#"{"scope":"device","type":"x509Certificate","issuer":"iothub","acceptingIpFilterRule":null}"#
+            }
+            AuthMethod::X509Ca => {
+                r#"{"scope":"device","type":"x509Ca","issuer":"iothub","acceptingIpFilterRule":null}"#
+            }
+        }
     }
 
     pub fn for_identity(identity: &Identity, hub_policy: bool) -> Self {
@@ -104,8 +110,9 @@ pub fn to_event(
     if size > MAX_MESSAGE_BYTES {
         return Err(MessageError::TooLarge(size));
     }
-    let mut system = Vec::new();
-    let mut application = Vec::new();
+    // Sized once: the stamped properties below, and what the device set.
+    let mut system = Vec::with_capacity(msg.properties.len() + 5);
+    let mut application = Vec::with_capacity(msg.properties.len());
     for (key, value) in msg.properties {
         let value = value.unwrap_or_default();
         if let Some((_, name)) = DEVICE_SYSTEM_PROPERTIES.iter().find(|(k, _)| *k == key) {
@@ -125,7 +132,7 @@ pub fn to_event(
         "iothub-connection-auth-generation-id".into(),
         identity.generation_id.clone(),
     ));
-    system.push(("iothub-connection-auth-method".into(), auth.json()));
+    system.push(("iothub-connection-auth-method".into(), auth.json().into()));
     system.push(("iothub-message-source".into(), "Telemetry".into()));
     Ok(NewEvent {
         endpoints: None,
@@ -134,4 +141,26 @@ pub fn to_event(
         application_properties: application,
         body: msg.body,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_auth_method_is_iot_hubs_json_object() {
+        for (method, scope, kind) in [
+            (AuthMethod::Sas { hub_policy: false }, "device", "sas"),
+            (AuthMethod::Sas { hub_policy: true }, "hub", "sas"),
+            (AuthMethod::X509SelfSigned, "device", "x509Certificate"),
+            (AuthMethod::X509Ca, "device", "x509Ca"),
+        ] {
+            let v: serde_json::Value = serde_json::from_str(method.json()).unwrap();
+            assert_eq!(
+                v,
+                serde_json::json!({"scope": scope, "type": kind, "issuer": "iothub",
+                    "acceptingIpFilterRule": null})
+            );
+        }
+    }
 }

@@ -105,6 +105,16 @@ pub struct NewEvent {
     pub body: Vec<u8>,
 }
 
+impl NewEvent {
+    /// About the stored payload's size: the body, each property with its MessagePack framing,
+    /// and the field names and numbers around them.
+    fn encoded_size_hint(&self) -> usize {
+        let props =
+            |v: &[(String, String)]| v.iter().map(|(k, v)| k.len() + v.len() + 4).sum::<usize>();
+        self.body.len() + props(&self.system_properties) + props(&self.application_properties) + 160
+    }
+}
+
 /// Where an appended event went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Appended {
@@ -379,7 +389,7 @@ impl Store {
                     application_properties: &ev.application_properties,
                     body: &ev.body,
                 };
-                let framed = record::encode(&event);
+                let framed = record::encode_sized(&event, ev.encoded_size_hint());
                 if head.segment != Some(segment) {
                     segments.note_first(&mut batch, p, event.sequence_number, segment);
                 }

@@ -277,7 +277,9 @@ fn write_group(
     if shared.poisoned.load(Ordering::Acquire) {
         return Err(StorageError::Poisoned);
     }
-    let mut wb = WriteBatch::default();
+    // Sized up front: growing RocksDB's batch buffer copied it again at every doubling.
+    let bytes: usize = group.iter().map(|p| p.batch.encoded_len()).sum();
+    let mut wb = WriteBatch::with_capacity_bytes(bytes + 12);
     for p in group {
         for op in &p.batch.ops {
             let (Op::Put { cf, .. }

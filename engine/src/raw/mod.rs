@@ -108,6 +108,23 @@ impl Batch {
             });
         }
     }
+    /// About the bytes this batch takes in a RocksDB write batch: keys, values and, per
+    /// operation, a tag, a column family id and two length prefixes.
+    pub(crate) fn encoded_len(&self) -> usize {
+        self.ops
+            .iter()
+            .map(|op| {
+                16 + match op {
+                    Op::Put { key, value, .. } | Op::Merge { key, value, .. } => {
+                        key.len() + value.len()
+                    }
+                    Op::Delete { key, .. } => key.len(),
+                    Op::DeleteRange { from, to, .. } => from.len() + to.len(),
+                }
+            })
+            .sum()
+    }
+
     /// Asks the committer to switch `cf`'s memtable once this batch is written.
     pub(crate) fn switch_memtable_after(&mut self, cf: &'static str) {
         self.switch_memtable = Some(cf);
