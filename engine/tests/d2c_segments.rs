@@ -98,8 +98,15 @@ fn compaction_moves_segment_files_instead_of_merging_them() {
                 .collect();
             store.append_events(batch, UnixMillis(i as i64)).unwrap();
         }
-        // Let background compaction run before the store closes.
-        std::thread::sleep(std::time::Duration::from_secs(2));
+        // Let background compaction catch up before the store closes (bounded: a slow machine
+        // gets more time, never an endless wait).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        while store.storage_stats().pending_compaction_bytes > 0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
     }
     let files = log_files(dir.path());
     assert!(
