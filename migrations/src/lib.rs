@@ -25,6 +25,7 @@ mod m0004_twins;
 mod m0005_c2d;
 mod m0006_twin_index;
 pub mod m0007_d2c_segments;
+mod m0008_heads_from_log;
 
 /// Column family names as they exist on disk. Steps and the engine use these constants only.
 pub mod cf {
@@ -144,6 +145,7 @@ pub const MIGRATIONS: &[Migration] = &[
     m0005_c2d::MIGRATION,
     m0006_twin_index::MIGRATION,
     m0007_d2c_segments::MIGRATION,
+    m0008_heads_from_log::MIGRATION,
 ];
 
 /// The version this build writes.

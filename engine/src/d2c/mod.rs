@@ -5,7 +5,8 @@
 //! - An event's partition is `crc32(device id) % partition_count`, fixed at hub creation, so a
 //!   device's events stay in one partition, in order.
 //! - Sequence numbers in a partition start at 0 and increase by one per event, never reused, also
-//!   after retention removed every event (the partition head is stored with each append).
+//!   after retention removed every event (the head is recovered from the log and the stored
+//!   head at open: see `heads`).
 //! - What a reader sees is always a prefix of the partition: sequence numbers are assigned and
 //!   batches submitted to the committer under the partition's lock, and the committer writes in
 //!   submission order. An append returns only after its event is durable.
@@ -27,6 +28,7 @@ use crate::raw::{Batch, Raw};
 use crate::slots::Endpoint;
 use segments::Segments;
 
+mod heads;
 mod retention;
 mod segments;
 pub use crate::slots::{partition_of, EndpointSlot, MAX_PARTITIONS};
@@ -217,23 +219,24 @@ impl Partitions {
         custom: Vec<Endpoint>,
         segmented: bool,
     ) -> Result<Partitions, StorageError> {
-        let mut heads = Vec::with_capacity(MAX_PARTITIONS as usize);
+        let mut stored = Vec::with_capacity(MAX_PARTITIONS as usize);
         for p in 0..MAX_PARTITIONS {
             let head: PartitionHead = raw
                 .get_record(cf::D2C_STATE, &keys::d2c::head(p))?
                 .unwrap_or_default();
-            heads.push(Mutex::new(head));
+            stored.push(head);
         }
-        let last_written = heads
-            .iter()
-            .filter_map(|h| h.lock().segment)
-            .max()
-            .unwrap_or(0);
+        let last_written = stored.iter().filter_map(|h| h.segment).max().unwrap_or(0);
+        let segments = Segments::load(raw, segmented, last_written)?;
+        let mut recovered = Vec::with_capacity(stored.len());
+        for (p, head) in (0..MAX_PARTITIONS).zip(stored) {
+            recovered.push(Mutex::new(heads::recover(raw, &segments, p, head)?));
+        }
         Ok(Partitions {
-            heads,
+            heads: recovered,
             builtin,
             custom: parking_lot::RwLock::new(custom),
-            segments: Segments::load(raw, segmented, last_written)?,
+            segments,
         })
     }
 
@@ -416,9 +419,7 @@ impl Store {
                 });
             }
         }
-        for (p, head) in &guards {
-            batch.put_record(cf::D2C_STATE, keys::d2c::head(*p), &**head);
-        }
+        // No head record: the events alone say where the partition ends (see `heads`).
         segments.add_bytes(staged_bytes);
         Ok(Some((
             batch,

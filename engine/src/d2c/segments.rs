@@ -166,6 +166,16 @@ impl Segments {
             .collect()
     }
 
+    /// The segments a partition has written to, as indexed, newest first.
+    pub(crate) fn of_partition_newest_first(&self, partition: u16) -> Vec<u32> {
+        self.index
+            .read()
+            .range((partition, 0)..=(partition, u64::MAX))
+            .rev()
+            .map(|(_, &s)| s)
+            .collect()
+    }
+
     /// The segment holding a partition's sequence `at`; `None` when the partition wrote nothing
     /// at or before it.
     fn segment_of(&self, partition: u16, at: u64) -> Option<u32> {

@@ -509,6 +509,26 @@ impl Raw {
             .try_submit_with(batch, done)
     }
 
+    /// The last record with a key in `[from, until)` and its stored size in bytes, if any.
+    pub(crate) fn last_record_in<T: DeserializeOwned>(
+        &self,
+        cf: &'static str,
+        from: &[u8],
+        until: Vec<u8>,
+    ) -> Result<Option<(T, usize)>, StorageError> {
+        let handle = self.handle(cf)?;
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(from.to_vec());
+        ro.set_iterate_upper_bound(until);
+        let mut it = self.db.raw_iterator_cf_opt(handle, ro);
+        it.seek_to_last();
+        if let (Some(k), Some(v)) = (it.key(), it.value()) {
+            return decode_checked(cf, k, v).map(|r| Some((r, v.len())));
+        }
+        it.status().map_err(|e| self.classify(cf, from, e))?;
+        Ok(None)
+    }
+
     /// The last key of a column family, if it has any.
     pub(crate) fn last_key(&self, cf: &'static str) -> Result<Option<Vec<u8>>, StorageError> {
         let handle = self.handle(cf)?;
