@@ -752,7 +752,6 @@ fn subscribes_methods(session: &SessionRecord, who: &topics::Identity) -> bool {
         .any(|s| topics::parse_filter(&s.filter, who) == Some(Feature::Methods))
 }
 
-
 /// Runs a write step under the write-stall limit. Most steps finish at once (the socket takes
 /// the bytes), so the step is polled once before a timer is made: a timer per flush, with its
 /// clock read and runtime handle, was measurable CPU per message.
