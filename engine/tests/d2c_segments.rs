@@ -256,3 +256,39 @@ fn version_6_events_migrate_into_the_segmented_log() {
     let cfs = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir.path()).unwrap();
     assert!(!cfs.iter().any(|c| c == "d2c_events"), "{cfs:?}");
 }
+
+/// The WAL files in a store's directory.
+fn wal_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        })
+        .count()
+}
+
+#[test]
+fn segment_switches_leave_old_wal_files_free_to_recycle() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_with_segments(dir.path(), 4 << 10);
+    // A consumer group: a write to d2c_state outside the segment index, as connects leave
+    // writes in other column families.
+    store.create_consumer_group("readers", UnixMillis(0)).unwrap();
+    // About 30 segments. Each switch starts a WAL file, and every segment also writes its
+    // index entries to d2c_state: unless d2c_state is flushed too, each file stays live.
+    for i in 0..600u64 {
+        let batch = vec![ev("dev-0", vec![(i % 251) as u8; 200])];
+        store.append_events(batch, UnixMillis(i as i64)).unwrap();
+    }
+    // Flushes run in the background: wait for them (bounded; a slow machine gets more time).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while wal_files(dir.path()) > 5 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // The live one, one whose flush may still run, and RocksDB's two recycled ones.
+    let live = wal_files(dir.path());
+    assert!(live <= 5, "{live} WAL files after 30 segment switches");
+    let got = store.read_events(0, ReadPosition::Start, 1_000).unwrap();
+    assert_eq!(got.len(), 600);
+}

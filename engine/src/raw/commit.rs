@@ -255,16 +255,36 @@ fn run(db: Arc<DB>, durability: Durability, rx: Receiver<Pending>, shared: Arc<S
     }
 }
 
+/// Memtables below this size are flushed along with a switch (see [`switch_memtable`]).
+const SMALL_MEMTABLE: u64 = 8 << 20;
+
 /// Switches a column family's memtable (RocksDB does it in this thread; the flush of the old
 /// one runs in the background). A failure costs only the alignment, so it is logged.
+///
+/// Every other column family whose memtable holds a little is flushed too. A WAL file can be
+/// recycled only once no memtable holds data from it, and a column family with a trickle of
+/// writes (the segment index, connection state) otherwise pins every WAL file until the total
+/// WAL size forces a flush: under steady telemetry that is 256 MiB of WAL, all written by
+/// appending, whose syncs also write the inode (see `Raw::open`). Large memtables are left
+/// alone: their column families flush often on their own.
 fn switch_memtable(db: &DB, cf: &str) {
-    let Some(handle) = db.cf_handle(cf) else {
-        return;
-    };
     let mut fo = rocksdb::FlushOptions::default();
     fo.set_wait(false);
-    if let Err(e) = db.flush_cf_opt(handle, &fo) {
-        tracing::warn!(cf, error = %e, "memtable switch failed");
+    for name in ferrohub_migrations::cf::ALL {
+        let Some(handle) = db.cf_handle(name) else {
+            continue;
+        };
+        if name != cf {
+            let held = |p: &str| db.property_int_value_cf(handle, p).ok().flatten();
+            let entries = held("rocksdb.num-entries-active-mem-table").unwrap_or(0);
+            let bytes = held("rocksdb.cur-size-active-mem-table").unwrap_or(u64::MAX);
+            if entries == 0 || bytes >= SMALL_MEMTABLE {
+                continue;
+            }
+        }
+        if let Err(e) = db.flush_cf_opt(handle, &fo) {
+            tracing::warn!(cf = name, error = %e, "memtable switch failed");
+        }
     }
 }
 
