@@ -274,7 +274,9 @@ fn segment_switches_leave_old_wal_files_free_to_recycle() {
     let store = open_with_segments(dir.path(), 4 << 10);
     // A consumer group: a write to d2c_state outside the segment index, as connects leave
     // writes in other column families.
-    store.create_consumer_group("readers", UnixMillis(0)).unwrap();
+    store
+        .create_consumer_group("readers", UnixMillis(0))
+        .unwrap();
     // About 30 segments. Each switch starts a WAL file, and every segment also writes its
     // index entries to d2c_state: unless d2c_state is flushed too, each file stays live.
     for i in 0..600u64 {
