@@ -12,16 +12,12 @@ use std::time::Duration;
 use ferrohub_engine::c2d::{
     Ack, C2dError, C2dMessage, Delivered, QueueSettings, Sent, Settle, Settled,
 };
-use ferrohub_engine::model::{IdentitySpec, UnixMillis};
-use ferrohub_engine::{StorageError, Store};
+use ferrohub_engine::StorageError;
+
+use common::{at, store_with_device};
 
 fn msg(id: &str) -> C2dMessage {
-    C2dMessage {
-        message_id: Some(id.into()),
-        ack: Ack::Full,
-        body: id.as_bytes().to_vec(),
-        ..C2dMessage::default()
-    }
+    common::c2d_message(id, Ack::Full)
 }
 
 fn settings() -> QueueSettings {
@@ -34,18 +30,6 @@ fn settings() -> QueueSettings {
         feedback_max_delivery_count: 2,
         feedback_batch: 100,
     }
-}
-
-fn store_with_device(dir: &std::path::Path) -> Store {
-    let store = common::open(dir);
-    store
-        .create_device("d", &IdentitySpec::default(), common::T0)
-        .unwrap();
-    store
-}
-
-fn at(ms: i64) -> UnixMillis {
-    UnixMillis(common::T0.0 + ms)
 }
 
 /// Runs a `*_then` call and returns the answer its callback got.

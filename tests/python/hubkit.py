@@ -122,6 +122,16 @@ class Hub:
             raise RuntimeError(f"ferrohub {' '.join(args)} failed: {out.stderr}")
         return out.stdout.strip()
 
+    def metric(self, name: str) -> float:
+        """An unlabelled sample from the operations listener's /metrics (0 when absent)."""
+        r = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10)
+        r.raise_for_status()
+        for line in r.text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == name:
+                return float(parts[1])
+        return 0.0
+
     def connection_string(self, policy: str = "iothubowner", with_port: bool = True) -> str:
         cs = self.cli("connection-string", "--policy", policy)
         if with_port:

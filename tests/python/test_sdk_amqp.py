@@ -39,16 +39,22 @@ class Inbox:
             return list(self.messages)
 
 
+def receiving_device(hub, device_id, inbox):
+    """An SDK device client, connected, whose C2D messages go to `inbox`."""
+    device = IoTHubDeviceClient.create_from_connection_string(
+        hub.device_connection_string(device_id), server_verification_cert=open(hub.ca).read())
+    device.on_message_received = inbox.handler
+    device.connect()
+    return device
+
+
 @pytest.mark.parametrize("websockets", [False, True], ids=["amqp", "amqp-ws"])
 def test_send_c2d_message_reaches_the_device_sdk(sdk_hub, websockets):
     hub = sdk_hub
     device_id = f"amqp-c2d-{'ws' if websockets else 'tls'}"
     hub.create_device(device_id)
     inbox = Inbox()
-    device = IoTHubDeviceClient.create_from_connection_string(
-        hub.device_connection_string(device_id), server_verification_cert=open(hub.ca).read())
-    device.on_message_received = inbox.handler
-    device.connect()
+    device = receiving_device(hub, device_id, inbox)
     try:
         expiry_ms = int((time.time() + 600) * 1000)
         results = send_all(hub, [
@@ -78,6 +84,38 @@ def test_send_c2d_message_reaches_the_device_sdk(sdk_hub, websockets):
     assert second.data == b"second, with no id"
     # The SDK gives every message an id when none is set (a uuid4 string).
     assert second.message_id and second.message_id != first.message_id
+
+
+def test_a_send_to_the_receiving_sdk_device_is_locked_on_send_and_completed_by_its_puback(sdk_hub):
+    """Issue 19: with the device SDK connected and receiving and its queue empty, the service
+    SDK's send locks the message for the device in the send's own commit (the hub's counter
+    says so); the SDK's PUBACK completes it like any other."""
+    hub = sdk_hub
+    device_id = "amqp-locked-on-send"
+    hub.create_device(device_id)
+    inbox = Inbox()
+    device = receiving_device(hub, device_id, inbox)
+    try:
+        # The SDK subscribes in the background: a first message proves the subscription.
+        assert send_all(hub, [(device_id, "warm-up", None)]) == [None]
+        inbox.wait(1)
+        wait_depth(hub, device_id, 0)
+        before = hub.metric("ferrohub_c2d_locked_on_send_total")
+        for n in range(3):
+            assert send_all(hub, [(device_id, f"m{n}", {"messageId": f"m{n}"})]) == [None]
+            inbox.wait(2 + n)
+            wait_depth(hub, device_id, 0)
+        assert hub.metric("ferrohub_c2d_locked_on_send_total") - before == 3
+    finally:
+        device.shutdown()
+    assert [m.data for m in inbox.messages] == [b"warm-up", b"m0", b"m1", b"m2"]
+
+
+def wait_depth(hub, device_id, depth, timeout=WAIT):
+    deadline = time.time() + timeout
+    while queue_depth(hub, device_id) != depth:
+        assert time.time() < deadline, f"the queue never came to {depth}"
+        time.sleep(0.05)
 
 
 def test_refused_sends_raise_and_store_nothing(sdk_hub):

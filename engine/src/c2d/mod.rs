@@ -6,7 +6,9 @@
 //! `Completed` (removed), or back to `Enqueued` by abandon or lock expiry (the delivery already
 //! counted when it was locked), or `Dead` (removed) when rejected, expired, or abandoned /
 //! lock-expired after `max_delivery_count` deliveries. Completion and death produce feedback
-//! records as the message's `ack` asks (see [`feedback`]).
+//! records as the message's `ack` asks (see [`feedback`]). A send to an empty queue whose
+//! receiver is waiting ([`Store::send_c2d_locked`]) goes straight to `Invisible`, its first
+//! delivery counted, as if received in the same batch.
 //!
 //! # Invariants
 //! - Every state change of a queue is one atomic batch: message, head (sequence and depth),
@@ -45,7 +47,15 @@ use crate::Store;
 pub use feedback::{FeedbackMessage, FeedbackRecord, FeedbackStatus};
 pub use sweep::{SweepReport, TimerKind};
 
-use queue::{Head, Queued};
+use queue::{Head, Lock, Queued};
+use token::LockToken;
+
+/// Whether a send also locks the message for a waiting receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LockOnSend {
+    No,
+    IfEmpty,
+}
 
 /// Queue settings (seed 002's C2D configuration table, plus the lock timeout and depth).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,9 +204,31 @@ impl Store {
         settings: &QueueSettings,
     ) -> Result<Sent, C2dError> {
         let _guard = self.stripes.lock(device_id);
-        let (batch, sent) = self.stage_send(device_id, message, now, settings)?;
+        let (batch, (sent, _)) =
+            self.stage_send(device_id, message, now, settings, LockOnSend::No)?;
         self.raw.commit(batch)?;
         Ok(sent)
+    }
+
+    /// [`Store::send_c2d`] for a device whose receiver is waiting: when the queue was empty,
+    /// the message is stored already locked for that receiver (its first delivery), in the
+    /// send's own batch, and returned with its lock token. One commit instead of a send and a
+    /// receive; FIFO order holds because nothing else was queued.
+    ///
+    /// # Errors
+    /// As [`Store::send_c2d`].
+    pub fn send_c2d_locked(
+        &self,
+        device_id: &str,
+        message: C2dMessage,
+        now: UnixMillis,
+        settings: &QueueSettings,
+    ) -> Result<(Sent, Option<Delivered>), C2dError> {
+        let _guard = self.stripes.lock(device_id);
+        let (batch, answer) =
+            self.stage_send(device_id, message, now, settings, LockOnSend::IfEmpty)?;
+        self.raw.commit(batch)?;
+        Ok(answer)
     }
 
     /// The batch of a send, and what it answers; the caller holds the device's stripe.
@@ -206,7 +238,8 @@ impl Store {
         message: C2dMessage,
         now: UnixMillis,
         settings: &QueueSettings,
-    ) -> Result<(Batch, Sent), C2dError> {
+        lock: LockOnSend,
+    ) -> Result<(Batch, (Sent, Option<Delivered>)), C2dError> {
         let device = self
             .raw
             .get_record::<crate::model::Identity>(cf::DEVICES, &keys::device(device_id))?
@@ -228,7 +261,7 @@ impl Store {
                 .max(0),
         );
         let sequence = head.next_sequence;
-        let queued = Queued {
+        let mut queued = Queued {
             sequence,
             enqueued: now,
             expiry,
@@ -240,6 +273,22 @@ impl Store {
             },
         };
         let mut batch = Batch::default();
+        // Only an empty queue: a message locked past older ones would overtake them.
+        let token = (lock == LockOnSend::IfEmpty && head.depth == 0 && expiry > now).then(|| {
+            let token = LockToken::new(sequence);
+            let until = UnixMillis(now.0.saturating_add(settings.lock_timeout_ms));
+            queued.lock = Some(Lock {
+                nonce: token.nonce,
+                until,
+            });
+            queued.delivery_count = 1;
+            batch.put_record(
+                cf::C2D_TIMERS,
+                keys::c2d::timer(keys::c2d::TIMER_LOCK, until.0, &queue, sequence),
+                &(),
+            );
+            token
+        });
         queued.put(&mut batch, &queue);
         batch.put_record(
             cf::C2D_TIMERS,
@@ -249,15 +298,21 @@ impl Store {
         head.next_sequence += 1;
         head.depth += 1;
         head.put(&mut batch, &queue);
-        Ok((
-            batch,
-            Sent {
-                sequence,
-                enqueued: now,
-                expiry,
-                depth: head.depth,
-            },
-        ))
+        let sent = Sent {
+            sequence,
+            enqueued: now,
+            expiry,
+            depth: head.depth,
+        };
+        let delivered = token.map(|token| Delivered {
+            sequence,
+            lock_token: token.render(),
+            delivery_count: queued.delivery_count,
+            enqueued: now,
+            expiry,
+            message: queued.content.message,
+        });
+        Ok((batch, (sent, delivered)))
     }
 
     /// Locks up to `max` deliverable messages of a device, oldest first (C2D-3).

@@ -1,4 +1,4 @@
-//! C2D queue changes answered from the commit thread: a send, receive or settle is staged
+//! C2D queue changes answered from the commit thread: a send (locking or not), receive or settle is staged
 //! and queued for the group committer on the calling thread, which then goes free; `done` runs
 //! on the commit thread once the batch is durable (or with the storage error that lost it).
 //!
@@ -9,7 +9,7 @@
 //!   wrote. What goes away is only the thread that used to wait for the sync.
 //! - On an error before anything is queued the call returns it and `done` is dropped unrun.
 
-use super::{C2dError, C2dMessage, Delivered, QueueSettings, Sent, Settle, Settled};
+use super::{C2dError, C2dMessage, Delivered, LockOnSend, QueueSettings, Sent, Settle, Settled};
 use crate::error::StorageError;
 use crate::model::UnixMillis;
 use crate::Store;
@@ -28,7 +28,25 @@ impl Store {
         done: impl FnOnce(Result<Sent, StorageError>) + Send + 'static,
     ) -> Result<(), C2dError> {
         self.queue_then(device_id, done, |s| {
-            s.stage_send(device_id, message, now, settings)
+            s.stage_send(device_id, message, now, settings, LockOnSend::No)
+                .map(|(batch, (sent, _))| (batch, sent))
+        })
+    }
+
+    /// [`Store::send_c2d_locked`], answered through `done` once durable.
+    ///
+    /// # Errors
+    /// As [`Store::send_c2d`], before anything is queued.
+    pub fn send_c2d_locked_then(
+        &self,
+        device_id: &str,
+        message: C2dMessage,
+        now: UnixMillis,
+        settings: &QueueSettings,
+        done: impl FnOnce(Result<(Sent, Option<Delivered>), StorageError>) + Send + 'static,
+    ) -> Result<(), C2dError> {
+        self.queue_then(device_id, done, |s| {
+            s.stage_send(device_id, message, now, settings, LockOnSend::IfEmpty)
         })
     }
 

@@ -1,6 +1,7 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)]
 
+use ferrohub_engine::c2d::{Ack, C2dMessage};
 use ferrohub_engine::model::{IdentitySpec, Status, UnixMillis};
 use ferrohub_engine::{Store, StoreConfig};
 use std::path::Path;
@@ -9,6 +10,30 @@ pub const T0: UnixMillis = UnixMillis(1_700_000_000_000);
 
 pub fn open(dir: &Path) -> Store {
     Store::open(dir, StoreConfig::default()).expect("open store")
+}
+
+/// `T0` plus `ms`.
+pub fn at(ms: i64) -> UnixMillis {
+    UnixMillis(T0.0 + ms)
+}
+
+/// A store in `dir` with one registered device, `d`.
+pub fn store_with_device(dir: &Path) -> Store {
+    let store = open(dir);
+    store
+        .create_device("d", &IdentitySpec::default(), T0)
+        .expect("create device");
+    store
+}
+
+/// A C2D message whose id and body are `id`, asking for `ack`.
+pub fn c2d_message(id: &str, ack: Ack) -> C2dMessage {
+    C2dMessage {
+        message_id: Some(id.into()),
+        ack,
+        body: id.as_bytes().to_vec(),
+        ..C2dMessage::default()
+    }
 }
 
 pub fn disabled(reason: &str) -> IdentitySpec {

@@ -7,7 +7,7 @@
 //! - Kicking only signals; the connection task closes itself and runs its own clean-up.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -27,6 +27,19 @@ pub enum Outbound {
     DesiredPatch { version: u64, body: Vec<u8> },
     /// A direct method call (MTH-1): answered through [`crate::hub::methods::PendingCalls`].
     MethodRequest(Box<MethodRequestOut>),
+    /// A C2D message that its send already locked for this connection (the device's queue
+    /// was empty and the connection receiving): publish it, or abandon it if it cannot.
+    C2d(Box<ferrohub_engine::c2d::Delivered>),
+}
+
+/// What a connection shares with C2D senders: the wake-up that makes it look at its queue,
+/// and whether its session takes C2D messages now. While it does, a send to the device's
+/// empty queue locks the message for it in the send's own commit and hands it over
+/// ([`Connections::hand_c2d`]) instead of waking it to fetch.
+#[derive(Default)]
+pub struct C2dSignal {
+    pub wake: tokio::sync::Notify,
+    pub receiving: AtomicBool,
 }
 
 /// A direct method call on its way to the device.
@@ -56,7 +69,7 @@ struct Entry {
     /// Whether the session subscribed to `$iothub/methods/POST/#` (kept by the connection).
     methods: Arc<std::sync::atomic::AtomicBool>,
     /// Tells the connection to look at its device's C2D queue again.
-    c2d_wake: Arc<tokio::sync::Notify>,
+    c2d: Arc<C2dSignal>,
     device_id: DeviceId,
     is_module: bool,
     kick: CancellationToken,
@@ -77,7 +90,7 @@ pub struct Registration {
     /// Set by the connection while its session subscribes to methods.
     pub methods: Arc<std::sync::atomic::AtomicBool>,
     /// Notified when the device's C2D queue may have deliverable messages.
-    pub c2d_wake: Arc<tokio::sync::Notify>,
+    pub c2d: Arc<C2dSignal>,
     connections: Arc<Connections>,
     client_id: ClientId,
     id: u64,
@@ -134,12 +147,12 @@ impl Connections {
         let kick = CancellationToken::new();
         let reason = Arc::new(Mutex::new(None));
         let methods = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let c2d_wake = Arc::new(tokio::sync::Notify::new());
+        let c2d = Arc::new(C2dSignal::default());
         let entry = Entry {
             id,
             outbound,
             methods: Arc::clone(&methods),
-            c2d_wake: Arc::clone(&c2d_wake),
+            c2d: Arc::clone(&c2d),
             device_id: who.device_id.clone(),
             is_module,
             kick: kick.clone(),
@@ -158,7 +171,7 @@ impl Connections {
         }
         Registration {
             methods,
-            c2d_wake,
+            c2d,
             connections: Arc::clone(self),
             client_id,
             id,
@@ -233,9 +246,42 @@ impl Connections {
         // A device's client id is its device id.
         if let Some(e) = self.entries.lock().get(device_id.as_str()) {
             if !e.is_module {
-                e.c2d_wake.notify_one();
+                e.c2d.wake.notify_one();
             }
         }
+    }
+
+    /// Whether the device's connection takes C2D messages now (subscribed, not kicked).
+    pub fn receives_c2d(&self, device_id: &DeviceId) -> bool {
+        self.entries
+            .lock()
+            .get(device_id.as_str())
+            .is_some_and(|e| {
+                !e.is_module && !e.kick.is_cancelled() && e.c2d.receiving.load(Ordering::Acquire)
+            })
+    }
+
+    /// Hands a message locked on send to the device's connection; gives it back when the
+    /// device is no longer connected or its outbound queue is full or closed.
+    pub fn hand_c2d(
+        &self,
+        device_id: &DeviceId,
+        message: ferrohub_engine::c2d::Delivered,
+    ) -> Result<(), ferrohub_engine::c2d::Delivered> {
+        let entries = self.entries.lock();
+        let permit = match entries.get(device_id.as_str()) {
+            Some(e) if !e.is_module => e.outbound.try_reserve().ok().map(|p| (p, &e.outbound)),
+            _ => None,
+        };
+        let handed = match permit {
+            Some((permit, outbound)) => {
+                permit.send(Outbound::C2d(Box::new(message)));
+                self.note_depth(outbound);
+                Ok(())
+            }
+            None => Err(message),
+        };
+        handed
     }
 
     /// Devices (not modules) connected now.
@@ -329,5 +375,68 @@ mod notify_tests {
                 body: vec![]
             }
         ));
+    }
+}
+
+#[cfg(test)]
+mod c2d_hand_over_tests {
+    use super::tests::dev;
+    use super::*;
+    use ferrohub_engine::c2d::{C2dMessage, Delivered};
+    use ferrohub_engine::UnixMillis;
+
+    fn delivered(token: &str) -> Delivered {
+        Delivered {
+            sequence: 0,
+            lock_token: token.into(),
+            delivery_count: 1,
+            enqueued: UnixMillis(0),
+            expiry: UnixMillis(1),
+            message: C2dMessage::default(),
+        }
+    }
+
+    #[test]
+    fn only_a_receiving_device_connection_that_is_not_kicked_receives() {
+        let c = Connections::new();
+        let id = DeviceId::new("d");
+        assert!(!c.receives_c2d(&id), "not connected");
+        let r = c.register(&dev("d"), mpsc::channel(1).0);
+        assert!(!c.receives_c2d(&id), "connected, not subscribed");
+        r.c2d.receiving.store(true, Ordering::Release);
+        assert!(c.receives_c2d(&id));
+        r.kicked.cancel();
+        assert!(!c.receives_c2d(&id), "kicked");
+        let m = c.register(&Identity::for_module("d2", "m"), mpsc::channel(1).0);
+        m.c2d.receiving.store(true, Ordering::Release);
+        assert!(
+            !c.receives_c2d(&DeviceId::new("d2")),
+            "a module is not its device"
+        );
+    }
+
+    #[test]
+    fn a_hand_over_reaches_the_connection_or_comes_back() {
+        let c = Connections::new();
+        let id = DeviceId::new("d");
+        assert_eq!(c.hand_c2d(&id, delivered("a")).unwrap_err().lock_token, "a");
+        let (tx, mut rx) = mpsc::channel(1);
+        let _r = c.register(&dev("d"), tx);
+        c.hand_c2d(&id, delivered("b")).expect("handed over");
+        assert_eq!(
+            c.hand_c2d(&id, delivered("c")).unwrap_err().lock_token,
+            "c",
+            "full"
+        );
+        match rx.try_recv() {
+            Ok(Outbound::C2d(d)) => assert_eq!(d.lock_token, "b"),
+            other => panic!("expected the message, got {other:?}"),
+        }
+        rx.close();
+        assert_eq!(
+            c.hand_c2d(&id, delivered("d")).unwrap_err().lock_token,
+            "d",
+            "closed"
+        );
     }
 }

@@ -69,16 +69,62 @@ impl HubContext {
     ///
     /// # Errors
     /// [`C2dError`]: an unknown device, a full queue (nothing stored), storage.
+    ///
+    /// When the device's connection is receiving and its queue is empty, the send also locks
+    /// the message for that connection (one commit, not a send and then the connection's
+    /// receive) and hands it over. A message that cannot be handed over (the connection went
+    /// meanwhile) is abandoned at once, so the next connection gets it without waiting for the
+    /// lock to expire; that delivery stays counted, as for a connection that ends with a
+    /// message unacknowledged.
     pub async fn send_c2d(&self, device_id: DeviceId, message: C2dMessage) -> Result<(), C2dError> {
         let (settings, id, at) = (self.c2d.settings, device_id.clone(), self.clock.now());
-        let sent = self
-            .store
-            .run_then(move |s, done| s.send_c2d_then(&id, message, at, &settings, done))
-            .await?;
-        self.c2d.scheduled(TimerKind::Expiry, sent.expiry);
-        self.connections.wake_c2d(&device_id);
+        let delivered = if self.connections.receives_c2d(&device_id) {
+            let (sent, delivered) = self
+                .store
+                .run_then(move |s, done| s.send_c2d_locked_then(&id, message, at, &settings, done))
+                .await?;
+            self.c2d.scheduled(TimerKind::Expiry, sent.expiry);
+            delivered
+        } else {
+            let sent = self
+                .store
+                .run_then(move |s, done| s.send_c2d_then(&id, message, at, &settings, done))
+                .await?;
+            self.c2d.scheduled(TimerKind::Expiry, sent.expiry);
+            None
+        };
         metrics::counter!("ferrohub_c2d_sent_total").increment(1);
+        let Some(delivered) = delivered else {
+            self.connections.wake_c2d(&device_id);
+            return Ok(());
+        };
+        self.c2d.scheduled(
+            TimerKind::Lock,
+            UnixMillis(at.0.saturating_add(settings.lock_timeout_ms)),
+        );
+        metrics::counter!("ferrohub_c2d_locked_on_send_total").increment(1);
+        if let Err(back) = self.connections.hand_c2d(&device_id, delivered) {
+            self.abandon_c2d_in_background(device_id, LockToken::new(back.lock_token));
+        }
         Ok(())
+    }
+
+    /// Returns a locked message to its queue and wakes the device's connection to fetch it.
+    pub fn abandon_c2d_in_background(&self, device_id: DeviceId, lock_token: LockToken) {
+        let ctx = self.clone();
+        tokio::spawn(async move {
+            let (settings, at, id) = (ctx.c2d.settings, ctx.clock.now(), device_id.clone());
+            let settled = ctx
+                .store
+                .run_then(move |s, done| {
+                    s.settle_c2d_then(&id, &lock_token, Settle::Abandon, at, &settings, done)
+                })
+                .await;
+            if let Err(e) = settled {
+                tracing::debug!(device = %device_id, error = %e, "c2d abandon refused");
+            }
+            ctx.connections.wake_c2d(&device_id);
+        });
     }
 
     /// TWN-8: pushes a twin write's desired change, as the back-end sent it with its new

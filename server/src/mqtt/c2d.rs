@@ -17,18 +17,28 @@
 //! - One fetch from the queue runs at a time; a wake-up while it runs is remembered (`want`).
 //! - When the connection ends, its unsettled locks are abandoned so a reconnecting device gets
 //!   the messages at once rather than after the lock timeout; the abandon counts a delivery.
+//! - While the session has a C2D subscription, `receiving` is published to senders: a send to
+//!   the device's empty queue then arrives already locked ([`Outbound::C2d`]) and joins the
+//!   window like a fetched message (the queue held nothing else, so nothing of it is in
+//!   flight). The flag is cleared and the outbound queue closed and drained before the
+//!   unsettled locks are abandoned, so a handed-over message is either published, abandoned
+//!   here, or given back to its sender, which abandons it.
 
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferrohub_engine::c2d::{Delivered, Settle, Settled, TimerKind};
 use ferrohub_engine::UnixMillis;
 use futures::Future;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::property_bag;
 use crate::c2d_message;
 use crate::clock::Clock;
+use crate::hub::connections::{C2dSignal, Outbound};
 use crate::hub::HubContext;
 use crate::ids::{DeviceId, LockToken};
 
@@ -78,6 +88,10 @@ pub struct Delivery {
     /// How many the running or last fetch asked for; a full answer means there may be more.
     requested: usize,
     next_pkid: u16,
+    /// Shared with senders through `Connections`.
+    signal: Arc<C2dSignal>,
+    /// What `signal.receiving` was last set to.
+    receiving: bool,
 }
 
 /// A message ready to publish.
@@ -88,7 +102,7 @@ pub struct Outgoing {
 }
 
 impl Delivery {
-    pub fn new(mode: SettleMode, device_id: DeviceId) -> Self {
+    pub fn new(mode: SettleMode, device_id: DeviceId, signal: Arc<C2dSignal>) -> Self {
         Delivery {
             mode,
             device_id,
@@ -97,7 +111,41 @@ impl Delivery {
             want: true,
             requested: 0,
             next_pkid: 0,
+            signal,
+            receiving: false,
         }
+    }
+
+    pub fn signal(&self) -> &Arc<C2dSignal> {
+        &self.signal
+    }
+
+    /// Tells senders whether the session takes C2D messages now (stored only on a change).
+    pub fn publish_receiving(&mut self, receiving: bool) {
+        if receiving != self.receiving {
+            self.receiving = receiving;
+            self.signal.receiving.store(receiving, Ordering::Release);
+        }
+    }
+
+    /// A message its send locked for this connection: what to publish, or `None` when the
+    /// session no longer subscribes (`qos`), and the message is abandoned back to the queue.
+    pub fn deliver_locked(
+        &mut self,
+        ctx: &HubContext,
+        message: Delivered,
+        qos: Option<u8>,
+    ) -> Option<Outgoing> {
+        let Some(qos) = qos else {
+            ctx.abandon_c2d_in_background(
+                self.device_id.clone(),
+                LockToken::new(message.lock_token),
+            );
+            return None;
+        };
+        metrics::counter!("ferrohub_c2d_delivered_total").increment(1);
+        let lock_for = Duration::from_millis(ctx.c2d.settings.lock_timeout_ms.max(0) as u64);
+        Some(self.deliver_one(ctx, message, qos >= 1, lock_for))
     }
 
     /// Starts a fetch if one is wanted and the window has room.
@@ -143,37 +191,45 @@ impl Delivery {
         }
         metrics::counter!("ferrohub_c2d_delivered_total").increment(fetched.len() as u64);
         for d in fetched {
-            let mut props = c2d_message::device_properties(&self.device_id, &d);
-            if self.mode == SettleMode::Explicit {
-                props.push(("$.lt".into(), Some(d.lock_token.clone())));
-            }
-            let topic = format!(
-                "devices/{}/messages/devicebound/{}",
-                self.device_id,
-                property_bag::encode(&props)
-            );
-            let pkid = qos1.then(|| self.allocate_pkid());
-            if pkid.is_some() || self.mode == SettleMode::Explicit {
-                self.inflight.push(InFlight {
-                    pkid,
-                    lock_token: LockToken::new(d.lock_token.clone()),
-                    lock_until: held_until(&d, lock_for, &ctx.clock),
-                });
-            } else {
-                // QoS 0 in standard mode: delivered means completed.
-                self.settle_in_background(
-                    ctx,
-                    LockToken::new(d.lock_token.clone()),
-                    Settle::Complete,
-                );
-            }
-            out.push(Outgoing {
-                topic,
-                payload: d.message.body,
-                pkid,
-            });
+            out.push(self.deliver_one(ctx, d, qos1, lock_for));
         }
         out
+    }
+
+    /// Records one locked message as in flight (or completes it, QoS 0 in standard mode) and
+    /// returns its PUBLISH.
+    fn deliver_one(
+        &mut self,
+        ctx: &HubContext,
+        d: Delivered,
+        qos1: bool,
+        lock_for: Duration,
+    ) -> Outgoing {
+        let mut props = c2d_message::device_properties(&self.device_id, &d);
+        if self.mode == SettleMode::Explicit {
+            props.push(("$.lt".into(), Some(d.lock_token.clone())));
+        }
+        let topic = format!(
+            "devices/{}/messages/devicebound/{}",
+            self.device_id,
+            property_bag::encode(&props)
+        );
+        let pkid = qos1.then(|| self.allocate_pkid());
+        if pkid.is_some() || self.mode == SettleMode::Explicit {
+            self.inflight.push(InFlight {
+                pkid,
+                lock_token: LockToken::new(d.lock_token.clone()),
+                lock_until: held_until(&d, lock_for, &ctx.clock),
+            });
+        } else {
+            // QoS 0 in standard mode: delivered means completed.
+            self.settle_in_background(ctx, LockToken::new(d.lock_token.clone()), Settle::Complete);
+        }
+        Outgoing {
+            topic,
+            payload: d.message.body,
+            pkid,
+        }
     }
 
     fn allocate_pkid(&mut self) -> u16 {
@@ -242,21 +298,31 @@ impl Delivery {
         self.inflight.iter().map(|f| f.lock_until).min()
     }
 
-    /// The connection is ending: a fetch still running has locked messages nobody will get,
-    /// so wait for it, then abandon every unsettled, unexpired lock.
-    pub async fn close(&mut self, ctx: &HubContext) {
+    /// The connection is ending: senders stop locking messages for it, messages already
+    /// handed over and a fetch still running have locked messages nobody will get, so take
+    /// them in, then abandon every unsettled, unexpired lock. `outbound` is closed: a sender
+    /// whose hand-over comes later gets its message back and abandons it itself.
+    pub async fn close(&mut self, ctx: &HubContext, outbound: &mut mpsc::Receiver<Outbound>) {
+        self.publish_receiving(false);
+        outbound.close();
+        let lock_for = Duration::from_millis(ctx.c2d.settings.lock_timeout_ms.max(0) as u64);
+        let mut orphans = Vec::new();
+        while let Ok(message) = outbound.try_recv() {
+            if let Outbound::C2d(d) = message {
+                orphans.push(*d);
+            }
+        }
         if let Some(fetch) = self.fetch.take() {
             if let Ok(got) = fetch.await {
-                let lock_for =
-                    Duration::from_millis(ctx.c2d.settings.lock_timeout_ms.max(0) as u64);
-                for d in got {
-                    self.inflight.push(InFlight {
-                        pkid: None,
-                        lock_until: held_until(&d, lock_for, &ctx.clock),
-                        lock_token: LockToken::new(d.lock_token),
-                    });
-                }
+                orphans.extend(got);
             }
+        }
+        for d in orphans {
+            self.inflight.push(InFlight {
+                pkid: None,
+                lock_until: held_until(&d, lock_for, &ctx.clock),
+                lock_token: LockToken::new(d.lock_token),
+            });
         }
         self.abandon_all(ctx);
     }

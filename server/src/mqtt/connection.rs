@@ -20,13 +20,11 @@
 use std::pin::Pin;
 use std::time::Duration;
 
-use ferrohub_engine::sessions::{SessionRecord, Subscription};
+use ferrohub_engine::sessions::SessionRecord;
 use futures::stream::FuturesOrdered;
 use futures::{Future, FutureExt, SinkExt, StreamExt};
 use mqtt::control::{ConnectReturnCode, ProtocolLevel};
-use mqtt::packet::suback::SubscribeReturnCode;
 use mqtt::packet::*;
-use mqtt::QualityOfService;
 use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
@@ -45,6 +43,9 @@ use crate::hub::connections::{MethodRequestOut, Outbound, Registration, OUTBOUND
 use crate::hub::methods::MethodAnswer;
 use crate::hub::{AppendLane, HubContext};
 use crate::telemetry::{self, DeviceMessage};
+use subscriptions::subscribes_methods;
+
+mod subscriptions;
 
 /// Largest MQTT packet: a 256 KB message plus its topic and property bag.
 pub const MAX_PACKET: usize = 256 * 1024 + 64 * 1024;
@@ -99,7 +100,6 @@ struct Connection<IO> {
     /// Published to `Connections` so method callers see whether this session takes methods.
     methods_flag: std::sync::Arc<std::sync::atomic::AtomicBool>,
     c2d: Delivery,
-    c2d_wake: std::sync::Arc<tokio::sync::Notify>,
     /// This connection's ordered path for telemetry (see [`AppendLane`]).
     lane: AppendLane,
     /// How long this device has been held to its D2C fair share lately, and when last.
@@ -151,7 +151,7 @@ where
         }
         tracing::info!(client_id = %conn.auth.who.client_id(), reason = ?end, "connection ended");
         open.decrement(1.0);
-        Box::pin(conn.c2d.close(&conn.ctx)).await;
+        Box::pin(conn.c2d.close(&conn.ctx, &mut conn.outbound)).await;
         if !matches!(end, End::Disconnect | End::Shutdown) {
             if let Some((topic, payload, retain)) = will {
                 Box::pin(publish_will(&conn.ctx, &conn.auth, &topic, payload, retain)).await;
@@ -308,8 +308,11 @@ where
         pending: FuturesOrdered::new(),
         outbound,
         methods_flag: std::sync::Arc::clone(&registration.methods),
-        c2d: Delivery::new(settle_mode, auth.who.device_id.clone()),
-        c2d_wake: std::sync::Arc::clone(&registration.c2d_wake),
+        c2d: Delivery::new(
+            settle_mode,
+            auth.who.device_id.clone(),
+            std::sync::Arc::clone(&registration.c2d),
+        ),
         lane,
         held: Duration::ZERO,
         last_held: None,
@@ -341,12 +344,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         let keep_alive_timer = tokio::time::sleep_until(deadline);
         let kicked = registration.kicked.cancelled();
         let shutting_down = shutdown.cancelled();
-        let c2d_wake = std::sync::Arc::clone(&self.c2d_wake);
-        let c2d_woken = c2d_wake.notified();
+        let c2d_signal = std::sync::Arc::clone(self.c2d.signal());
+        let c2d_woken = c2d_signal.wake.notified();
         tokio::pin!(keep_alive_timer, kicked, shutting_down, c2d_woken);
         loop {
             let can_read = self.pending.len() < MAX_INFLIGHT;
             let c2d_qos = self.c2d_subscription();
+            self.c2d.publish_receiving(c2d_qos.is_some());
             if c2d_qos.is_some() {
                 self.c2d.maybe_fetch(&self.ctx);
             }
@@ -360,12 +364,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 }
                 _ = &mut c2d_woken => {
                     self.c2d.want = true;
-                    c2d_woken.set(c2d_wake.notified());
+                    c2d_woken.set(c2d_signal.wake.notified());
                 }
                 // In a block so the timer is made only when the branch is polled: select!
                 // builds every branch's future on every turn, disabled or not.
                 _ = async move { tokio::time::sleep_until(reopen.unwrap_or_else(Instant::now)).await }, if reopen.is_some() => {
                     self.c2d.want = true;
+                }
+                // Before a fetch's answer: a message handed over locked on send is older than
+                // anything a fetch that finishes with it can bring.
+                Some(message) = self.outbound.recv() => {
+                    if let Some(end) = Box::pin(self.on_outbound(message)).await { return end; }
                 }
                 fetched = async { self.c2d.fetch.as_mut().expect("checked").await }, if self.c2d.fetch.is_some() => {
                     self.c2d.fetch = None;
@@ -375,18 +384,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     };
                     let qos1 = c2d_qos.unwrap_or(1) >= 1;
                     for out in self.c2d.deliver(&self.ctx, fetched, qos1) {
-                        let Ok(topic) = mqtt::TopicName::new(out.topic) else { continue };
-                        let qos = match out.pkid {
-                            Some(id) => QoSWithPacketIdentifier::Level1(id),
-                            None => QoSWithPacketIdentifier::Level0,
-                        };
-                        if let Some(end) = self.send(PublishPacket::new(topic, qos, out.payload)).await {
+                        if let Some(end) = self.publish_c2d(out).await {
                             return end;
                         }
                     }
-                }
-                Some(message) = self.outbound.recv() => {
-                    if let Some(end) = Box::pin(self.on_outbound(message)).await { return end; }
                 }
                 packet = self.framed.next(), if can_read => {
                     deadline = Instant::now() + keep_alive.unwrap_or(far);
@@ -663,93 +664,23 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 let packet = PublishPacket::new(topic, QoSWithPacketIdentifier::Level0, payload);
                 self.send(packet).await
             }
-        }
-    }
-
-    async fn on_subscribe(&mut self, p: SubscribePacket) -> Option<End> {
-        if p.subscribes().is_empty() {
-            return Some(End::Violation("SUBSCRIBE without topic filters".into()));
-        }
-        let mut codes = Vec::with_capacity(p.subscribes().len());
-        let mut granted = Vec::new();
-        for (filter, qos) in p.subscribes() {
-            match topics::parse_filter(filter, &self.auth.who) {
-                Some(_) => {
-                    let qos = (*qos).min(QualityOfService::Level1);
-                    codes.push(SubscribeReturnCode::from(qos));
-                    granted.push(Subscription {
-                        filter: filter.to_string(),
-                        qos: qos as u8,
-                    });
-                }
-                None => codes.push(SubscribeReturnCode::Failure),
+            Outbound::C2d(message) => {
+                let qos = self.c2d_subscription();
+                let out = self.c2d.deliver_locked(&self.ctx, *message, qos)?;
+                self.publish_c2d(out).await
             }
         }
-        if granted.iter().any(|g| {
-            topics::parse_filter(&g.filter, &self.auth.who) == Some(Feature::CloudToDevice)
-        }) {
-            self.c2d.want = true;
-        }
-        self.session.subscribe(granted);
-        self.methods_flag.store(
-            subscribes_methods(&self.session, &self.auth.who),
-            std::sync::atomic::Ordering::Release,
-        );
-        if let Some(end) = self.save_session().await {
-            return Some(end);
-        }
-        self.send(SubackPacket::new(p.packet_identifier(), codes))
-            .await
     }
 
-    async fn on_unsubscribe(&mut self, p: UnsubscribePacket) -> Option<End> {
-        self.session
-            .unsubscribe(p.subscribes().iter().map(|f| &***f));
-        self.methods_flag.store(
-            subscribes_methods(&self.session, &self.auth.who),
-            std::sync::atomic::Ordering::Release,
-        );
-        if let Some(end) = self.save_session().await {
-            return Some(end);
-        }
-        self.send(UnsubackPacket::new(p.packet_identifier())).await
+    /// Publishes one C2D message, with the packet id its delivery allocated (QoS 1).
+    async fn publish_c2d(&mut self, out: super::c2d::Outgoing) -> Option<End> {
+        let topic = mqtt::TopicName::new(out.topic).ok()?;
+        let qos = match out.pkid {
+            Some(id) => QoSWithPacketIdentifier::Level1(id),
+            None => QoSWithPacketIdentifier::Level0,
+        };
+        self.send(PublishPacket::new(topic, qos, out.payload)).await
     }
-
-    /// Makes the session durable before its acknowledgement (persistent sessions only).
-    async fn save_session(&mut self) -> Option<End> {
-        if !self.persistent {
-            return None;
-        }
-        let id = self.auth.who.client_id();
-        let session = self.session.clone();
-        self.ctx
-            .store
-            .run(move |s| s.save_session(&id, &session))
-            .await
-            .err()
-            .map(|e| End::StoreFailed(e.to_string()))
-    }
-}
-
-impl<IO> Connection<IO> {
-    /// The granted QoS of the session's C2D subscription, if it has one.
-    fn c2d_subscription(&self) -> Option<u8> {
-        self.session
-            .subscriptions
-            .iter()
-            .find(|s| {
-                topics::parse_filter(&s.filter, &self.auth.who) == Some(Feature::CloudToDevice)
-            })
-            .map(|s| s.qos)
-    }
-}
-
-/// Whether a session holds the direct-methods subscription.
-fn subscribes_methods(session: &SessionRecord, who: &topics::Identity) -> bool {
-    session
-        .subscriptions
-        .iter()
-        .any(|s| topics::parse_filter(&s.filter, who) == Some(Feature::Methods))
 }
 
 /// Runs a write step under the write-stall limit. Most steps finish at once (the socket takes
