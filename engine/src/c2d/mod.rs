@@ -27,6 +27,7 @@
 //!   ([`queued`]) answer from the commit thread and keep the device's stripe until then, so
 //!   the next change of the queue reads the state this one wrote, never the state before it.
 
+mod backlog;
 pub mod feedback;
 pub mod file_notifications;
 mod queue;
@@ -347,30 +348,11 @@ impl Store {
         let mut head = Head::load(&self.raw, &queue)?;
         let before = head;
         let mut batch = Batch::default();
-        let locked = queue::lock_available::<DeviceContent>(
-            &self.raw,
-            &mut batch,
-            &queue,
-            &mut head,
-            max,
-            now,
-            settings.lock_timeout_ms,
-        )?;
+        let locked = self.lock_next(&mut batch, &queue, &mut head, max, now, settings)?;
         if head != before {
             head.put(&mut batch, &queue);
         }
-        let delivered = locked
-            .into_iter()
-            .map(|(q, token)| Delivered {
-                sequence: q.sequence,
-                lock_token: token.render(),
-                delivery_count: q.delivery_count,
-                enqueued: q.enqueued,
-                expiry: q.expiry,
-                message: q.content.message,
-            })
-            .collect();
-        Ok((batch, delivered))
+        Ok((batch, delivered(locked)))
     }
 
     /// Completes, rejects or abandons the message a lock token names (C2D-3, C2D-5).
@@ -475,6 +457,45 @@ impl Store {
         head.put(batch, &queue);
         Ok(())
     }
+}
+
+impl Store {
+    /// Locks up to `max` (at least one) deliverable messages of a device queue, oldest first,
+    /// into `batch`; advances `head.oldest` (the caller stages the head).
+    fn lock_next(
+        &self,
+        batch: &mut Batch,
+        queue: &[u8],
+        head: &mut Head,
+        max: usize,
+        now: UnixMillis,
+        settings: &QueueSettings,
+    ) -> Result<Vec<(Queued<DeviceContent>, LockToken)>, StorageError> {
+        queue::lock_available::<DeviceContent>(
+            &self.raw,
+            batch,
+            queue,
+            head,
+            max,
+            now,
+            settings.lock_timeout_ms,
+        )
+    }
+}
+
+/// What a receiver gets for the messages [`queue::lock_available`] locked.
+fn delivered(locked: Vec<(Queued<DeviceContent>, LockToken)>) -> Vec<Delivered> {
+    locked
+        .into_iter()
+        .map(|(q, token)| Delivered {
+            sequence: q.sequence,
+            lock_token: token.render(),
+            delivery_count: q.delivery_count,
+            enqueued: q.enqueued,
+            expiry: q.expiry,
+            message: q.content.message,
+        })
+        .collect()
 }
 
 /// A staged change of one device queue: the batch, the queue's head, and the time.

@@ -91,7 +91,7 @@ impl Store {
 
     /// Stages a change of `device_id`'s queue under its stripe and queues the batch; the
     /// stripe is released on the commit thread, just before `done` gets the answer.
-    fn queue_then<T: Send + 'static>(
+    pub(super) fn queue_then<T: Send + 'static>(
         &self,
         device_id: &str,
         done: impl FnOnce(Result<T, StorageError>) + Send + 'static,

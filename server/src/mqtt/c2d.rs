@@ -15,6 +15,8 @@
 //!   message to the queue or killed it), and a full window is looked at again when its first
 //!   place frees.
 //! - One fetch from the queue runs at a time; a wake-up while it runs is remembered (`want`).
+//!   A PUBACK that comes while `want` is set and no fetch runs (a backlog the window holds
+//!   back) completes its message in that fetch's own commit.
 //! - When the connection ends, its unsettled locks are abandoned so a reconnecting device gets
 //!   the messages at once rather than after the lock timeout; the abandon counts a delivery.
 //! - While the session has a C2D subscription, `receiving` is published to senders: a send to
@@ -29,7 +31,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrohub_engine::c2d::{Delivered, Settle, Settled, TimerKind};
+use ferrohub_engine::c2d::{Delivered, QueueSettings, Settle, Settled, TimerKind};
 use ferrohub_engine::UnixMillis;
 use futures::Future;
 use tokio::sync::mpsc;
@@ -39,6 +41,7 @@ use super::property_bag;
 use crate::c2d_message;
 use crate::clock::Clock;
 use crate::hub::connections::{C2dSignal, Outbound};
+use crate::hub::store_handle::StoreHandle;
 use crate::hub::HubContext;
 use crate::ids::{DeviceId, LockToken};
 
@@ -153,10 +156,24 @@ impl Delivery {
         if !self.want || self.fetch.is_some() {
             return;
         }
+        self.start_fetch(ctx, None);
+    }
+
+    /// A PUBACK while the queue may hold more than was fetched (a backlog): the completion
+    /// and the next fetch are one commit, the fetch this connection waits for.
+    fn complete_then_fetch(&mut self, ctx: &HubContext, lock_token: LockToken) {
+        self.start_fetch(ctx, Some(lock_token));
+    }
+
+    /// Fetches for the window's free places, completing `completing` in the same commit.
+    fn start_fetch(&mut self, ctx: &HubContext, completing: Option<LockToken>) {
         let now_instant = Instant::now();
         self.inflight.retain(|f| f.lock_until > now_instant);
         let room = WINDOW.saturating_sub(self.inflight.len());
         if room == 0 {
+            if let Some(token) = completing {
+                self.settle_in_background(ctx, token, Settle::Complete);
+            }
             return;
         }
         self.want = false;
@@ -165,10 +182,10 @@ impl Delivery {
         let at = ctx.clock.now();
         self.fetch = Some(Box::pin(async move {
             let settings = c2d.settings;
-            let got = store
-                .run_then(move |s, done| s.receive_c2d_then(&id, room, at, &settings, done))
-                .await
-                .map_err(|e| e.to_string())?;
+            let got = match completing {
+                Some(token) => complete_and_fetch(&store, id, token, room, at, settings).await?,
+                None => fetch(&store, id, room, at, settings).await?,
+            };
             if !got.is_empty() {
                 c2d.scheduled(TimerKind::Lock, UnixMillis(at.0 + settings.lock_timeout_ms));
             }
@@ -250,7 +267,11 @@ impl Delivery {
         match self.mode {
             SettleMode::OnPuback => {
                 let f = self.inflight.swap_remove(i);
-                self.settle_in_background(ctx, f.lock_token, Settle::Complete);
+                if self.want && self.fetch.is_none() {
+                    self.complete_then_fetch(ctx, f.lock_token);
+                } else {
+                    self.settle_in_background(ctx, f.lock_token, Settle::Complete);
+                }
             }
             SettleMode::Explicit => self.inflight[i].pkid = None,
         }
@@ -345,6 +366,49 @@ impl Delivery {
 /// expired message dies, locked or not).
 fn held_until(d: &Delivered, lock_for: Duration, clock: &Clock) -> Instant {
     (Instant::now() + lock_for).min(clock.instant_at(d.expiry))
+}
+
+/// Locks up to `room` deliverable messages of the device's queue.
+async fn fetch(
+    store: &StoreHandle,
+    id: DeviceId,
+    room: usize,
+    at: UnixMillis,
+    settings: QueueSettings,
+) -> Result<Vec<Delivered>, String> {
+    store
+        .run_then(move |s, done| s.receive_c2d_then(&id, room, at, &settings, done))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Completes a message and locks up to `room` more in one commit. A completion the engine
+/// refuses (its lock expired meanwhile) is logged, and the fetch is made alone.
+async fn complete_and_fetch(
+    store: &StoreHandle,
+    id: DeviceId,
+    token: LockToken,
+    room: usize,
+    at: UnixMillis,
+    settings: QueueSettings,
+) -> Result<Vec<Delivered>, String> {
+    let id2 = id.clone();
+    let combined = store
+        .run_then(move |s, done| {
+            s.complete_and_receive_c2d_then(&id2, &token, room, at, &settings, done)
+        })
+        .await;
+    match combined {
+        Ok(got) => {
+            metrics::counter!("ferrohub_c2d_completed_with_fetch_total").increment(1);
+            Ok(got)
+        }
+        Err(ferrohub_engine::c2d::C2dError::Storage(e)) => Err(e.to_string()),
+        Err(e) => {
+            tracing::debug!(device = %id, error = %e, "c2d completion refused");
+            fetch(store, id, room, at, settings).await
+        }
+    }
 }
 
 /// Settles one message. An abandoned message is deliverable again, so the device's connection
