@@ -13,15 +13,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context as _};
+use anyhow::{bail, Context as _};
 use clap::{Parser, ValueEnum};
-use fe2o3_amqp::link::{Receiver, Sender};
-use fe2o3_amqp::sasl_profile::SaslProfile;
-use fe2o3_amqp::types::messaging::{ApplicationProperties, Body, Message, Outcome, Properties};
-use fe2o3_amqp::types::primitives::{SimpleValue, Value};
-use fe2o3_amqp::Session;
 use ferrohub_bench::http::HttpsConnection;
-use ferrohub_bench::{client, registry, stats};
+use ferrohub_bench::{amqp, client, registry, stats};
 use ferrohub_server::auth::sas;
 use serde::Serialize;
 
@@ -114,61 +109,20 @@ async fn amqp_connection(load: Load) -> anyhow::Result<(Vec<u64>, usize)> {
         work,
         body,
     } = load;
-    let mut connection = ferrohub_bench::amqp::open(
-        &tls,
-        &args.host,
-        args.amqp_port,
-        "c2dsend",
-        SaslProfile::Anonymous,
-    )
-    .await?;
-    let mut session = Session::begin(&mut connection).await?;
-    let mut cbs_tx = Sender::attach(&mut session, "cbs-sender", "$cbs").await?;
-    let mut cbs_rx = Receiver::attach(&mut session, "cbs-receiver", "$cbs").await?;
-    let put = Message::builder()
-        .properties(Properties::builder().message_id(1u64).build())
-        .application_properties(
-            ApplicationProperties::builder()
-                .insert("operation", "put-token")
-                .insert("type", "servicebus.windows.net:sastoken")
-                .insert("name", format!("https://{}", args.host))
-                .build(),
-        )
-        .value(token)
-        .build();
-    cbs_tx.send(put).await?;
-    let answer = cbs_rx.recv::<Body<Value>>().await?;
-    cbs_rx.accept(&answer).await?;
-    let status = answer
-        .message()
-        .application_properties
-        .as_ref()
-        .and_then(|p| p.0.get("status-code").cloned());
-    ensure!(
-        status == Some(SimpleValue::Int(200)),
-        "put-token answered {status:?}"
-    );
+    let mut service =
+        amqp::ServiceConnection::open(&tls, &args.host, args.amqp_port, "c2dsend", token).await?;
     let mut senders = Vec::new();
     for l in 0..args.links {
-        let link =
-            Sender::attach(&mut session, format!("c2d-{l}"), "/messages/devicebound").await?;
+        let mut link = service.c2d_sender(format!("c2d-{l}")).await?;
         let (work, body) = (Arc::clone(&work), body.clone());
         senders.push(tokio::spawn(async move {
-            let mut link = link;
             let (mut latencies, mut refused) = (Vec::new(), 0usize);
             while let Some((i, device)) = work.take() {
-                let message = Message::builder()
-                    .properties(
-                        Properties::builder()
-                            .to(format!("/devices/{device}/messages/devicebound"))
-                            .message_id(format!("m-{i}"))
-                            .build(),
-                    )
-                    .data(body.clone())
-                    .build();
                 let start = Instant::now();
-                match link.send(message).await? {
-                    Outcome::Accepted(_) => latencies.push(start.elapsed().as_micros() as u64),
+                match amqp::send_c2d(&mut link, device, format!("m-{i}"), body.clone()).await? {
+                    amqp::SendOutcome::Accepted => {
+                        latencies.push(start.elapsed().as_micros() as u64)
+                    }
                     _ => refused += 1,
                 }
             }
@@ -182,8 +136,7 @@ async fn amqp_connection(load: Load) -> anyhow::Result<(Vec<u64>, usize)> {
         out.0.extend(l);
         out.1 += r;
     }
-    let _ = session.end().await;
-    let _ = connection.close().await;
+    service.close().await;
     Ok(out)
 }
 

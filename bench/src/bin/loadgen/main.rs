@@ -16,13 +16,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
-use ferrohub_bench::http::HttpsConnection;
 use ferrohub_bench::{client, registry, stats};
 use ferrohub_server::auth::sas;
 use futures::{SinkExt, StreamExt};
 use mqtt::packet::{DisconnectPacket, VariablePacket};
 use serde::Serialize;
 use tokio::sync::Semaphore;
+
+mod c2d;
+mod methods;
+mod responders;
 
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -51,9 +54,20 @@ enum Scenario {
     /// invoke `devices × messages-per-device` calls over keep-alive HTTPS; latency per call.
     Methods,
     /// C2D (ferrohub only): every device subscribes and PUBACKs (which completes); `--callers`
-    /// back-end senders POST `devices × messages-per-device` messages over keep-alive HTTPS;
-    /// latency from the send to the device's receipt.
+    /// back-end senders send `devices × messages-per-device` messages over HTTPS or AMQP
+    /// (`--c2d-sender`); latency from the send to the device's receipt.
     C2d,
+}
+
+/// How the C2D scenario's back-end sends.
+#[derive(Clone, Copy, Debug, ValueEnum, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum C2dSender {
+    /// `POST /devices/{id}/messages/deviceBound`, one keep-alive connection per sender.
+    Https,
+    /// AMQP sender links to `/messages/devicebound` after a CBS put-token, as the service
+    /// SDKs send; `--links` per connection.
+    Amqp,
 }
 
 #[derive(Parser, Debug)]
@@ -99,9 +113,17 @@ struct Args {
     /// Also write every PUBACK latency (µs) to this file: a JSON array per device, in send order.
     #[arg(long)]
     latencies_out: Option<std::path::PathBuf>,
-    /// Concurrent back-end callers (methods scenario).
+    /// Concurrent back-end callers (methods and C2D scenarios).
     #[arg(long, default_value_t = 32)]
     callers: usize,
+    /// How the C2D scenario sends.
+    #[arg(long, value_enum, default_value = "https")]
+    c2d_sender: C2dSender,
+    /// AMQP sender links per connection (C2D over AMQP).
+    #[arg(long, default_value_t = 8)]
+    links: usize,
+    #[arg(long, default_value_t = 5671)]
+    amqp_port: u16,
     /// Telemetry as JSON (`{"temp":..,"seq":..,"pad":".."}` of `--payload-bytes`) with
     /// content type, encoding and a `level=high` application property in the topic, so routing
     /// conditions have properties and a body to look at.
@@ -289,362 +311,6 @@ async fn run_device(
     result
 }
 
-/// A device that subscribes to `filter` and answers every PUBLISH it gets with what `answer`
-/// returns, until `stop`. Counts itself in `ready` once its SUBACK arrived.
-#[allow(clippy::too_many_arguments)]
-async fn run_responder(
-    args: Arc<Args>,
-    tls: tokio_rustls::TlsConnector,
-    id: String,
-    key: String,
-    gate: Arc<Semaphore>,
-    stop: Arc<tokio::sync::Notify>,
-    filter: String,
-    ready: Arc<std::sync::atomic::AtomicUsize>,
-    answer: Arc<dyn Fn(&mqtt::packet::PublishPacket) -> Option<VariablePacket> + Send + Sync>,
-) -> Result<(), String> {
-    let expiry = chrono::Utc::now().timestamp() as u64 + 3600;
-    let user = Some(format!("{}/{id}/?api-version=2021-04-12", args.host));
-    let pass = sas::sign(&format!("{}/devices/{id}", args.host), &key, expiry, None);
-    let permit = gate.acquire().await;
-    let mut conn = client::connect(
-        &dialer_of(&args, &tls)?,
-        &args.host,
-        mqtt_port(&args),
-        &id,
-        user,
-        pass,
-        60,
-    )
-    .await
-    .map_err(|e| format!("{id}: {e:#}"))?;
-    drop(permit);
-    let sub = mqtt::packet::SubscribePacket::new(
-        1,
-        vec![(
-            mqtt::TopicFilter::new(filter).map_err(|e| format!("{e:?}"))?,
-            mqtt::QualityOfService::Level1,
-        )],
-    );
-    conn.send(sub).await.map_err(|e| e.to_string())?;
-    loop {
-        tokio::select! {
-            _ = stop.notified() => return Ok(()),
-            packet = conn.next() => match packet {
-                Some(Ok(VariablePacket::SubackPacket(_))) => {
-                    ready.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                Some(Ok(VariablePacket::PublishPacket(p))) => {
-                    if let Some(reply) = answer(&p) {
-                        conn.send(reply).await.map_err(|e| e.to_string())?;
-                    }
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(format!("{id}: {e}")),
-                None => return Err(format!("{id}: closed")),
-            }
-        }
-    }
-}
-
-/// Runs the methods scenario and prints its report.
-async fn run_methods(
-    args: Arc<Args>,
-    tls: tokio_rustls::TlsConnector,
-    ids: Vec<String>,
-    key: String,
-    owner_token: String,
-) -> anyhow::Result<()> {
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let answer: Arc<dyn Fn(&mqtt::packet::PublishPacket) -> Option<VariablePacket> + Send + Sync> =
-        Arc::new(|p| {
-            let rid = p.topic_name().split("$rid=").nth(1)?;
-            client::publish(
-                &format!("$iothub/methods/res/200/?$rid={rid}"),
-                None,
-                b"{\"ok\":true}".to_vec(),
-            )
-            .ok()
-            .map(Into::into)
-        });
-    let (responders, _) = spawn_responders(
-        &args,
-        &tls,
-        &ids,
-        &key,
-        &stop,
-        |_| "$iothub/methods/POST/#".to_string(),
-        answer,
-    );
-    // Wait until every device's subscription is in place: a call to the last one succeeds.
-    let mut probe = HttpsConnection::connect(&tls, &args.host, args.https_port).await?;
-    let body = br#"{"methodName":"probe","payload":null,"responseTimeoutInSeconds":30,"connectTimeoutInSeconds":60}"#;
-    for id in &ids {
-        let (status, text) = probe
-            .request(
-                "POST",
-                &format!("/twins/{id}/methods?api-version=2021-04-12"),
-                &owner_token,
-                body,
-            )
-            .await?;
-        anyhow::ensure!(
-            status == 200,
-            "probe of {id}: {status} {}",
-            String::from_utf8_lossy(&text)
-        );
-    }
-    let total = ids.len() * args.messages_per_device;
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let ids = Arc::new(ids);
-    let start = Instant::now();
-    let callers: Vec<_> = (0..args.callers.max(1))
-        .map(|_| {
-            let (tls, args, ids, next, token) = (
-                tls.clone(),
-                Arc::clone(&args),
-                Arc::clone(&ids),
-                Arc::clone(&next),
-                owner_token.clone(),
-            );
-            tokio::spawn(async move {
-                let mut http = HttpsConnection::connect(&tls, &args.host, args.https_port)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let mut latencies = Vec::new();
-                let body =
-                    br#"{"methodName":"bench","payload":{"n":1},"responseTimeoutInSeconds":30}"#;
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= total {
-                        return Ok::<_, String>(latencies);
-                    }
-                    let path = format!(
-                        "/twins/{}/methods?api-version=2021-04-12",
-                        ids[i % ids.len()]
-                    );
-                    let t = Instant::now();
-                    let (status, _) = http
-                        .request("POST", &path, &token, body)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if status != 200 {
-                        return Err(format!("call answered {status}"));
-                    }
-                    latencies.push(t.elapsed().as_micros() as u64);
-                }
-            })
-        })
-        .collect();
-    let results = futures::future::join_all(callers).await;
-    let duration = start.elapsed();
-    stop.notify_waiters();
-    for r in responders {
-        r.abort();
-    }
-    let mut latencies = Vec::new();
-    let mut errors = Vec::new();
-    for r in results {
-        match r {
-            Ok(Ok(l)) => latencies.extend(l),
-            Ok(Err(e)) => errors.push(e),
-            Err(e) => errors.push(e.to_string()),
-        }
-    }
-    let report = serde_json::json!({
-        "target": "ferrohub", "scenario": "methods", "devices": ids.len(), "callers": args.callers,
-        "calls": latencies.len(), "errors": errors.len(), "first_error": errors.first(),
-        "duration_s": duration.as_secs_f64(),
-        "throughput_calls_per_s": latencies.len() as f64 / duration.as_secs_f64(),
-        "call_latency": stats::percentiles(latencies),
-    });
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(())
-}
-
-/// Starts one responder per device; returns their handles and the SUBACK counter.
-#[allow(clippy::type_complexity)]
-fn spawn_responders(
-    args: &Arc<Args>,
-    tls: &tokio_rustls::TlsConnector,
-    ids: &[String],
-    key: &str,
-    stop: &Arc<tokio::sync::Notify>,
-    filter: impl Fn(&str) -> String,
-    answer: Arc<dyn Fn(&mqtt::packet::PublishPacket) -> Option<VariablePacket> + Send + Sync>,
-) -> (
-    Vec<tokio::task::JoinHandle<Result<(), String>>>,
-    Arc<std::sync::atomic::AtomicUsize>,
-) {
-    let gate = Arc::new(Semaphore::new(args.connect_concurrency.max(1)));
-    let ready = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let handles = ids
-        .iter()
-        .map(|id| {
-            tokio::spawn(run_responder(
-                Arc::clone(args),
-                tls.clone(),
-                id.clone(),
-                key.to_string(),
-                Arc::clone(&gate),
-                Arc::clone(stop),
-                filter(id),
-                Arc::clone(&ready),
-                Arc::clone(&answer),
-            ))
-        })
-        .collect();
-    (handles, ready)
-}
-
-/// Runs the C2D scenario and prints its report.
-async fn run_c2d(
-    args: Arc<Args>,
-    tls: tokio_rustls::TlsConnector,
-    ids: Vec<String>,
-    key: String,
-    owner_token: String,
-) -> anyhow::Result<()> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let total = ids.len() * args.messages_per_device;
-    let origin = Instant::now();
-    let received = Arc::new(AtomicUsize::new(0));
-    let latencies = Arc::new(parking_lot::Mutex::new(Vec::with_capacity(total)));
-    let all_received = Arc::new(tokio::sync::Notify::new());
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let answer: Arc<dyn Fn(&mqtt::packet::PublishPacket) -> Option<VariablePacket> + Send + Sync> = {
-        let (received, latencies, all_received) = (
-            Arc::clone(&received),
-            Arc::clone(&latencies),
-            Arc::clone(&all_received),
-        );
-        Arc::new(move |p| {
-            // The body is the send time in microseconds since `origin`.
-            if let Some(sent) = std::str::from_utf8(p.payload())
-                .ok()
-                .and_then(|b| b.parse::<u64>().ok())
-            {
-                let now = origin.elapsed().as_micros() as u64;
-                latencies.lock().push(now.saturating_sub(sent));
-            }
-            if received.fetch_add(1, Ordering::Relaxed) + 1 == total {
-                all_received.notify_one();
-            }
-            match p.qos() {
-                mqtt::packet::QoSWithPacketIdentifier::Level1(id) => {
-                    Some(mqtt::packet::PubackPacket::new(id).into())
-                }
-                _ => None,
-            }
-        })
-    };
-    let (responders, ready) = spawn_responders(
-        &args,
-        &tls,
-        &ids,
-        &key,
-        &stop,
-        |id| format!("devices/{id}/messages/devicebound/#"),
-        answer,
-    );
-    let wait_ready = Instant::now();
-    while ready.load(Ordering::Relaxed) < ids.len() {
-        anyhow::ensure!(
-            wait_ready.elapsed() < Duration::from_secs(args.time_limit),
-            "only {} of {} devices subscribed",
-            ready.load(Ordering::Relaxed),
-            ids.len()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let next = Arc::new(AtomicUsize::new(0));
-    let refused = Arc::new(AtomicUsize::new(0));
-    let ids = Arc::new(ids);
-    let start = Instant::now();
-    let senders: Vec<_> = (0..args.callers.max(1))
-        .map(|_| {
-            let (tls, args, ids, next, refused, token) = (
-                tls.clone(),
-                Arc::clone(&args),
-                Arc::clone(&ids),
-                Arc::clone(&next),
-                Arc::clone(&refused),
-                owner_token.clone(),
-            );
-            tokio::spawn(async move {
-                let mut http = HttpsConnection::connect(&tls, &args.host, args.https_port)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= total {
-                        return Ok::<_, String>(());
-                    }
-                    let path = format!(
-                        "/devices/{}/messages/deviceBound?api-version=2021-04-12",
-                        ids[i % ids.len()]
-                    );
-                    loop {
-                        let body = (origin.elapsed().as_micros() as u64).to_string();
-                        let (status, _) = http
-                            .request("POST", &path, &token, body.as_bytes())
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        match status {
-                            204 => break,
-                            // Queue full: the device is behind; try again shortly.
-                            403 => {
-                                refused.fetch_add(1, Ordering::Relaxed);
-                                tokio::time::sleep(Duration::from_millis(5)).await;
-                            }
-                            other => return Err(format!("send answered {other}")),
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-    let sent = futures::future::join_all(senders).await;
-    let mut errors: Vec<String> = sent
-        .into_iter()
-        .filter_map(|r| match r {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e),
-            Err(e) => Some(e.to_string()),
-        })
-        .collect();
-    if received.load(Ordering::Relaxed) < total
-        && tokio::time::timeout(
-            Duration::from_secs(args.time_limit),
-            all_received.notified(),
-        )
-        .await
-        .is_err()
-    {
-        errors.push(format!(
-            "only {} of {total} messages received",
-            received.load(Ordering::Relaxed)
-        ));
-    }
-    let duration = start.elapsed();
-    stop.notify_waiters();
-    for r in responders {
-        r.abort();
-    }
-    let latencies = std::mem::take(&mut *latencies.lock());
-    let report = serde_json::json!({
-        "target": "ferrohub", "scenario": "c2d", "devices": ids.len(), "callers": args.callers,
-        "messages": total, "received": received.load(Ordering::Relaxed),
-        "queue_full_retries": refused.load(Ordering::Relaxed),
-        "errors": errors.len(), "first_error": errors.first(),
-        "duration_s": duration.as_secs_f64(),
-        "throughput_msgs_per_s": received.load(Ordering::Relaxed) as f64 / duration.as_secs_f64(),
-        "send_to_receipt_latency": stats::percentiles(latencies),
-    });
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(())
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Arc::new(Args::parse());
@@ -674,10 +340,11 @@ async fn main() -> anyhow::Result<()> {
                 .await?;
             match args.scenario {
                 Scenario::Methods => {
-                    return run_methods(Arc::clone(&args), tls, ids, device_key, token).await
+                    return methods::run_methods(Arc::clone(&args), tls, ids, device_key, token)
+                        .await
                 }
                 Scenario::C2d => {
-                    return run_c2d(Arc::clone(&args), tls, ids, device_key, token).await
+                    return c2d::run_c2d(Arc::clone(&args), tls, ids, device_key, token).await
                 }
                 Scenario::Telemetry | Scenario::Reported => {}
             }
