@@ -254,7 +254,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if relaxed {
         config.storage.durability = DurabilitySetting::Relaxed;
     }
+    // The runtime's size comes from the configuration, so check it first (tokio panics on 0).
+    config.validate()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .max_blocking_threads(config.storage.engine_threads)
         .enable_all()
         .build()?;
     runtime.block_on(async move {
