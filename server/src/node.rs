@@ -14,6 +14,7 @@ use ferrohub_engine::{Durability, HubError, OpenError, Store, StoreConfig};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
+use crate::transport::lean_tls::LeanTlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -361,7 +362,7 @@ pub async fn serve(
         tokio::spawn(mqtt_tls::serve(
             mqtt_listener,
             config.listeners.mqtt_max_connections,
-            TlsAcceptor::from(tls::mqtt_server_config(&paths)?),
+            LeanTlsAcceptor::new(tls::mqtt_server_config(&paths)?),
             ctx.clone(),
             shutdown.clone(),
             tracker.clone(),

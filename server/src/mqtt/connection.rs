@@ -719,7 +719,7 @@ mod tests {
     #[test]
     #[cfg(not(debug_assertions))]
     fn a_connection_task_keeps_no_connect_phase_state() {
-        type Tls = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+        type Tls = crate::transport::lean_tls::LeanTlsStream;
         let task = future_size(run::<Tls>);
         assert!(task <= 4096, "a connection's future is {task} bytes");
         assert!(

@@ -2,9 +2,11 @@
 //! listener, and one accepted beyond that is closed at once (counted in
 //! `ferrohub_connections_refused_total`); accept errors back off (1 ms to 1 s) instead of
 //! spinning; on shutdown the loop stops accepting and returns. [`accept_tls_loop`]
-//! adds the TLS handshake the MQTT and AMQP listeners share, cut off at its timeout.
+//! adds the TLS handshake the MQTT and AMQP listeners share, cut off at its timeout, with
+//! tokio-rustls or with the [`LeanTlsAcceptor`] (see [`TlsHandshake`]).
 
 use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +17,28 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+use super::lean_tls::{LeanTlsAcceptor, LeanTlsStream};
+
+/// A server TLS handshake on an accepted TCP connection.
+pub trait TlsHandshake: Send + Sync + 'static {
+    type Stream: Send + 'static;
+    fn handshake(&self, tcp: TcpStream) -> impl Future<Output = io::Result<Self::Stream>> + Send;
+}
+
+impl TlsHandshake for TlsAcceptor {
+    type Stream = TlsStream<TcpStream>;
+    fn handshake(&self, tcp: TcpStream) -> impl Future<Output = io::Result<Self::Stream>> + Send {
+        self.accept(tcp)
+    }
+}
+
+impl TlsHandshake for LeanTlsAcceptor {
+    type Stream = LeanTlsStream;
+    fn handshake(&self, tcp: TcpStream) -> impl Future<Output = io::Result<Self::Stream>> + Send {
+        self.accept(tcp)
+    }
+}
 
 pub async fn accept_loop<F, Fut>(
     listener: TcpListener,
@@ -68,9 +92,9 @@ pub async fn accept_loop<F, Fut>(
 /// [`accept_loop`] with a TLS handshake (within `handshake_timeout`, however slowly the client
 /// sends) before `protocol` gets the stream; `name` labels the failures in the log.
 #[allow(clippy::too_many_arguments)]
-pub async fn accept_tls_loop<F, Fut>(
+pub async fn accept_tls_loop<A, F, Fut>(
     listener: TcpListener,
-    acceptor: TlsAcceptor,
+    acceptor: A,
     handshake_timeout: Duration,
     max_connections: usize,
     shutdown: CancellationToken,
@@ -78,7 +102,8 @@ pub async fn accept_tls_loop<F, Fut>(
     name: &'static str,
     protocol: F,
 ) where
-    F: Fn(TlsStream<TcpStream>, SocketAddr, CancellationToken) -> Fut + Clone + Send + 'static,
+    A: TlsHandshake,
+    F: Fn(A::Stream, SocketAddr, CancellationToken) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let acceptor = Arc::new(acceptor);
@@ -98,7 +123,7 @@ pub async fn accept_tls_loop<F, Fut>(
                 // The stream is moved into the protocol's future in a scope of its own: a
                 // result still in scope across the await would keep its room in the task.
                 let serving = {
-                    match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                    match tokio::time::timeout(handshake_timeout, acceptor.handshake(tcp)).await {
                         Ok(Ok(tls)) => protocol(tls, peer, shutdown),
                         Ok(Err(e)) => {
                             tracing::debug!(%peer, error = %e, "{name} TLS handshake failed");

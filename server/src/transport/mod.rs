@@ -17,6 +17,9 @@
 pub mod accept;
 pub mod amqp_tls;
 pub mod https;
+pub mod lean_tls;
+#[cfg(test)]
+mod lean_tls_tests;
 pub mod mqtt_quic;
 pub mod mqtt_tls;
 pub mod ops;

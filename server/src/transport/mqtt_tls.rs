@@ -1,19 +1,20 @@
 //! MQTT over TLS (port 8883): TLS 1.2 and 1.3, a client certificate asked for but optional
-//! (X.509 devices present one; SAS devices do not), then the MQTT connection.
+//! (X.509 devices present one; SAS devices do not), then the MQTT connection. The TLS stream is
+//! the [`LeanTlsStream`], which frees its buffers while a device is idle.
 
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::accept::accept_tls_loop;
+use super::lean_tls::LeanTlsAcceptor;
 use crate::hub::HubContext;
 use crate::mqtt::connection::{self, PeerInfo};
 
 pub async fn serve(
     listener: TcpListener,
     max_connections: usize,
-    acceptor: TlsAcceptor,
+    acceptor: LeanTlsAcceptor,
     ctx: HubContext,
     shutdown: CancellationToken,
     tracker: TaskTracker,
@@ -28,8 +29,6 @@ pub async fn serve(
         "MQTT",
         move |tls, peer, shutdown| {
             let client_cert = tls
-                .get_ref()
-                .1
                 .peer_certificates()
                 .and_then(|c| c.first())
                 .map(|c| c.clone().into_owned());
