@@ -5,8 +5,9 @@
 //! what an idle device cost the hub (docs/performance.md, "Idle memory").
 //!
 //! # Invariants
-//! - `incoming[..incoming_len]` holds TLS bytes read from the socket and not yet processed; the
-//!   processed prefix is discarded before rustls is called again, so rustls sees each byte once.
+//! - `incoming[incoming_start..incoming_len]` holds TLS bytes read from the socket and not yet
+//!   processed; what rustls processed is skipped (`incoming_start` moves) before it is called
+//!   again, so it sees each byte once. The rest moves to the front only before a socket read.
 //! - `plaintext[plain_pos..]` holds decrypted application data the reader has not taken yet.
 //! - `outgoing[out_pos..]` holds encrypted bytes not yet written to the socket. New records are
 //!   only appended after them, so bytes leave in the order rustls produced them.
@@ -61,6 +62,7 @@ impl LeanTlsAcceptor {
             tcp,
             conn,
             incoming: Vec::new(),
+            incoming_start: 0,
             incoming_len: 0,
             plaintext: Vec::new(),
             plain_pos: 0,
@@ -70,7 +72,7 @@ impl LeanTlsAcceptor {
             close_notify_sent: false,
         };
         loop {
-            match stream.step(None)? {
+            match stream.step(None, None)? {
                 Step::Progress => {}
                 // Everything rustls queued is in the write buffer now (it reports this state
                 // only then): it goes out before we wait for the peer's flight, or before the
@@ -101,6 +103,7 @@ pub struct LeanTlsStream {
     tcp: TcpStream,
     conn: UnbufferedServerConnection,
     incoming: Vec<u8>,
+    incoming_start: usize,
     incoming_len: usize,
     plaintext: Vec<u8>,
     plain_pos: usize,
@@ -136,25 +139,41 @@ impl LeanTlsStream {
     }
 
     /// One call into rustls with the unprocessed bytes, its state handled. With `to_write`, the
-    /// data is encrypted once the connection can send application data.
-    fn step(&mut self, to_write: Option<&[u8]>) -> io::Result<Step> {
+    /// data is encrypted once the connection can send application data. Decrypted data goes
+    /// to `read_into` as far as it has room (nothing is waiting in `plaintext` then), the rest
+    /// to `plaintext`.
+    fn step(
+        &mut self,
+        to_write: Option<&[u8]>,
+        mut read_into: Option<&mut ReadBuf<'_>>,
+    ) -> io::Result<Step> {
         let Self {
             conn,
             incoming,
+            incoming_start,
             incoming_len,
             plaintext,
+            plain_pos,
             outgoing,
             peer_closed,
             ..
         } = self;
         let UnbufferedStatus { mut discard, state } =
-            conn.process_tls_records(&mut incoming[..*incoming_len]);
+            conn.process_tls_records(&mut incoming[*incoming_start..*incoming_len]);
         let step = match state.map_err(tls_error)? {
             ConnectionState::ReadTraffic(mut records) => {
                 while let Some(record) = records.next_record() {
                     let record = record.map_err(tls_error)?;
                     discard += record.discard;
-                    plaintext.extend_from_slice(record.payload);
+                    let mut payload = record.payload;
+                    if let Some(buf) = read_into.as_deref_mut() {
+                        if *plain_pos == plaintext.len() {
+                            let n = payload.len().min(buf.remaining());
+                            buf.put_slice(&payload[..n]);
+                            payload = &payload[n..];
+                        }
+                    }
+                    plaintext.extend_from_slice(payload);
                 }
                 Step::Progress
             }
@@ -231,18 +250,24 @@ impl LeanTlsStream {
         Ok(step)
     }
 
-    /// Drops the first `n` processed bytes of the read buffer.
+    /// Skips `n` processed bytes of the read buffer.
     fn discard(&mut self, n: usize) {
-        if n == 0 {
-            return;
+        self.incoming_start += n;
+        if self.incoming_start == self.incoming_len {
+            self.incoming_start = 0;
+            self.incoming_len = 0;
         }
-        self.incoming.copy_within(n..self.incoming_len, 0);
-        self.incoming_len -= n;
     }
 
     /// Reads what the socket has into the read buffer; `Ready(Ok(0))` at end of stream.
     /// Pending with an empty read buffer frees it: the connection is idle.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.incoming_start > 0 {
+            self.incoming
+                .copy_within(self.incoming_start..self.incoming_len, 0);
+            self.incoming_len -= self.incoming_start;
+            self.incoming_start = 0;
+        }
         let limit = if self.conn.is_handshaking() {
             MAX_HANDSHAKE_BUFFER
         } else {
@@ -320,10 +345,14 @@ impl AsyncRead for LeanTlsStream {
             if this.peer_closed {
                 return Poll::Ready(Ok(()));
             }
-            match this.step(None)? {
+            let before = buf.filled().len();
+            match this.step(None, Some(buf))? {
                 Step::Progress => {
                     // Alerts or handshake messages rustls queued in answer (key updates).
                     this.drain_some(cx)?;
+                    if buf.filled().len() > before {
+                        return Poll::Ready(Ok(()));
+                    }
                     continue;
                 }
                 Step::Closed => return Poll::Ready(Ok(())),
@@ -350,7 +379,7 @@ impl AsyncWrite for LeanTlsStream {
             return Poll::Ready(Ok(0));
         }
         loop {
-            match this.step(Some(data))? {
+            match this.step(Some(data), None)? {
                 Step::Wrote(n) => {
                     this.drain_some(cx)?;
                     return Poll::Ready(Ok(n));
@@ -389,7 +418,7 @@ impl LeanTlsStream {
     fn queue_close_notify(&mut self) -> io::Result<()> {
         // Pass whatever rustls has queued first (bounded: each pass handles one state).
         for _ in 0..16 {
-            match self.step(None)? {
+            match self.step(None, None)? {
                 Step::Progress => continue,
                 Step::Closed => return Ok(()),
                 Step::NeedBytes | Step::Wrote(_) => break,
@@ -400,12 +429,13 @@ impl LeanTlsStream {
         let Self {
             conn,
             incoming,
+            incoming_start,
             incoming_len,
             outgoing,
             ..
         } = self;
         let UnbufferedStatus { discard, state } =
-            conn.process_tls_records(&mut incoming[..*incoming_len]);
+            conn.process_tls_records(&mut incoming[*incoming_start..*incoming_len]);
         if let Ok(ConnectionState::WriteTraffic(mut traffic)) = state {
             let start = outgoing.len();
             outgoing.resize(start + 64, 0);
