@@ -53,6 +53,9 @@ pub const MAX_PACKET: usize = 256 * 1024 + 64 * 1024;
 const BUFFER_START: usize = 512;
 /// An empty buffer larger than this is replaced by a small one.
 const SHRINK_ABOVE: usize = 16 * 1024;
+/// A connection that has read no packet for this long gives back its empty read and write
+/// buffers: an idle device then holds none (the next packet allocates them again).
+const IDLE_RELEASE: Duration = Duration::from_secs(1);
 /// Bytes of queued packets that make a write flush (tokio-util's default).
 const WRITE_BATCH: usize = 8 * 1024;
 /// Telemetry appends a connection may have outstanding before it stops reading.
@@ -341,7 +344,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         // Made once, not per loop turn: registering and dropping a timer and two cancellation
         // waiters for every packet was measurable CPU per message. A packet only moves
         // `deadline`; the timer is re-armed when it fires early.
-        let keep_alive_timer = tokio::time::sleep_until(deadline);
+        // The same timer also marks when the connection has been quiet for `IDLE_RELEASE`.
+        let mut last_packet = Instant::now();
+        let mut released = false;
+        let keep_alive_timer = tokio::time::sleep_until(deadline.min(last_packet + IDLE_RELEASE));
         let kicked = registration.kicked.cancelled();
         let shutting_down = shutdown.cancelled();
         let c2d_signal = std::sync::Arc::clone(self.c2d.signal());
@@ -390,7 +396,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     }
                 }
                 packet = self.framed.next(), if can_read => {
-                    deadline = Instant::now() + keep_alive.unwrap_or(far);
+                    last_packet = Instant::now();
+                    deadline = last_packet + keep_alive.unwrap_or(far);
+                    if std::mem::take(&mut released) {
+                        // The timer waits for the keep-alive deadline alone while released.
+                        keep_alive_timer.as_mut().reset(deadline.min(last_packet + IDLE_RELEASE));
+                    }
                     match packet {
                         None => return End::Closed,
                         Some(Err(CodecError::Io(_))) => return End::Closed,
@@ -402,10 +413,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     }
                 }
                 _ = &mut keep_alive_timer => {
-                    if Instant::now() >= deadline {
+                    let now = Instant::now();
+                    if now >= deadline {
                         return End::KeepAlive;
                     }
-                    keep_alive_timer.as_mut().reset(deadline);
+                    if !released && now >= last_packet + IDLE_RELEASE {
+                        released = self.release_buffers();
+                    }
+                    let next = if released { deadline } else { deadline.min(last_packet + IDLE_RELEASE) };
+                    keep_alive_timer.as_mut().reset(next);
                 }
             }
         }
@@ -455,14 +471,30 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
 
     /// Gives back a buffer that a large packet grew, once it is empty: a device that sent one
     /// 256 KB message must not hold 256 KB while it idles.
+    /// A buffer released while idle comes back at its starting size, so reads under load
+    /// again take several packets at a time.
     fn shrink_buffers(&mut self) {
         fn shrink(buf: &mut bytes::BytesMut) {
             if buf.is_empty() && buf.capacity() > SHRINK_ABOVE {
                 *buf = bytes::BytesMut::with_capacity(BUFFER_START);
+            } else if buf.capacity() < BUFFER_START {
+                buf.reserve(BUFFER_START - buf.len());
             }
         }
         shrink(self.framed.read_buffer_mut());
         shrink(self.framed.write_buffer_mut());
+    }
+
+    /// Frees the read and write buffers if both are empty; whether it did. Called once a
+    /// connection has been quiet for `IDLE_RELEASE`.
+    fn release_buffers(&mut self) -> bool {
+        if !self.framed.read_buffer().is_empty() || !self.framed.write_buffer().is_empty() {
+            return false;
+        }
+        *self.framed.read_buffer_mut() = bytes::BytesMut::new();
+        *self.framed.write_buffer_mut() = bytes::BytesMut::new();
+        metrics::counter!("ferrohub_mqtt_idle_buffer_releases_total").increment(1);
+        true
     }
 
     async fn on_packet(&mut self, packet: VariablePacket) -> Option<End> {
