@@ -140,13 +140,15 @@ where
         let Some(opened) = opening.await else {
             return;
         };
+        // Moved out through a function so the box is freed now: `let .. = *opened` would
+        // keep the emptied box (the size of a whole connection) until the task ends.
         let Opened {
             mut conn,
             registration,
             will,
             keep_alive,
             open,
-        } = *opened;
+        } = unbox(opened);
         let end = conn.serve(&registration, keep_alive, &shutdown).await;
         if matches!(end, End::Throttled(_)) {
             // What was admitted before the refusal is acknowledged before the connection closes.
@@ -162,6 +164,11 @@ where
         }
         Box::pin(finish(&conn.ctx, &conn.auth, &registration)).await;
     }
+}
+
+/// Takes a value out of its box and frees the box.
+fn unbox<T>(boxed: Box<T>) -> T {
+    *boxed
 }
 
 /// What an accepted CONNECT leaves for the rest of the connection.
