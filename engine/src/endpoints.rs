@@ -204,7 +204,9 @@ impl Store {
     }
 
     /// Appends the events routed from the notifications numbered `routed` (ascending), moves
-    /// the router's cursor past the last of them, and deletes them, in one durable batch.
+    /// the router's cursor past the last of them, and deletes them, in one batch: durable when
+    /// this returns if it appended an event, written (and synced within
+    /// [`crate::LAG_SYNC_WITHIN`]) if not.
     ///
     /// # Errors
     /// Storage errors; then nothing is appended and the cursor stays.
@@ -217,8 +219,15 @@ impl Store {
         let Some(last) = routed.last() else {
             return Ok(Vec::new());
         };
+        let routed_nowhere = events.is_empty();
         let (mut batch, out, guards) = self.stage_events(events, now)?;
         batch.put_record(cf::D2C_STATE, ROUTER_CURSOR.to_vec(), &(last + 1));
+        // With no event appended the cursor may lag: after a machine crash the router reads
+        // those notifications again and routes them nowhere again. Appended events are
+        // synced, since readers see them and their sequence numbers.
+        if routed_nowhere {
+            batch.may_lag();
+        }
         // Point deletes, not a range: every read of the change log fragments all the range
         // tombstones in the memtable, and one per router pass made each read cost more than the
         // last (27% of the hub's CPU under a connect storm, issue 19). The reader seeks past

@@ -66,7 +66,7 @@ use parking_lot::Mutex;
 pub use error::{HubError, OpenError, RegistryError, StorageError, TwinError, ValidationError};
 pub use ferrohub_migrations::LATEST_VERSION as SCHEMA_VERSION;
 pub use model::UnixMillis;
-pub use raw::{CommitHold, CommitStats, Durability};
+pub use raw::{CommitHold, CommitStats, Durability, LAG_SYNC_WITHIN};
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy)]

@@ -66,3 +66,75 @@ fn acknowledged_writes_survive_reopen_without_clean_close() {
     let store = common::open(copy.path());
     assert_eq!(store.get_device("kept").unwrap().etag, etag);
 }
+
+/// Connection states and a router cursor that routed nothing may lag: they are written at
+/// once (and readable) but share no sync of their own; the committer syncs them within
+/// `LAG_SYNC_WITHIN`, and a synced write in between makes them durable with it.
+#[test]
+fn lagging_writes_are_written_at_once_and_synced_within_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::store_with_device(dir.path());
+    let before = store.commit_stats();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..40 {
+        let tx = tx.clone();
+        store
+            .record_connection_then("d", None, i % 2 == 0, common::at(i), move |r| {
+                tx.send(r).unwrap()
+            })
+            .unwrap();
+        rx.recv().unwrap().unwrap();
+    }
+    // Routed nowhere: the cursor moves past the 40 notifications without a sync.
+    let notes = store.read_notifications(0, 100).unwrap();
+    assert_eq!(notes.len(), 41, "the device's creation and 40 connection states");
+    let sequences: Vec<u64> = notes.iter().map(|n| n.sequence).collect();
+    store
+        .append_routed_notifications(Vec::new(), common::at(50), &sequences)
+        .unwrap();
+    assert!(store.read_notifications(0, 100).unwrap().is_empty());
+    let written = store.commit_stats();
+    assert!(
+        written.writes - before.writes >= 21,
+        "each waited for its own write"
+    );
+    // Every write above waited for the one before, so unsynced they take milliseconds; one
+    // sync is allowed for a machine that stalls past the bound in between.
+    assert!(
+        written.syncs - before.syncs <= 1,
+        "{} syncs for {} lagging writes",
+        written.syncs - before.syncs,
+        written.writes - before.writes
+    );
+    let stored = store.get_device("d").unwrap();
+    assert_eq!(format!("{:?}", stored.connection_state), "Disconnected");
+
+    // The committer syncs them by itself within the bound.
+    let deadline = std::time::Instant::now() + ferrohub_engine::LAG_SYNC_WITHIN * 10;
+    while store.commit_stats().syncs == written.syncs {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lagging writes never synced"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    // A synced write syncs everything before it, so no lagging sync is left owed after it.
+    let tx2 = tx.clone();
+    store
+        .record_connection_then("d", None, true, common::at(60), move |r| {
+            tx2.send(r).unwrap()
+        })
+        .unwrap();
+    rx.recv().unwrap().unwrap();
+    store
+        .create_device("e", &IdentitySpec::default(), common::at(61))
+        .unwrap();
+    let synced = store.commit_stats();
+    std::thread::sleep(ferrohub_engine::LAG_SYNC_WITHIN + std::time::Duration::from_millis(500));
+    assert_eq!(
+        store.commit_stats().syncs,
+        synced.syncs,
+        "a sync owed after a synced write"
+    );
+}

@@ -13,11 +13,17 @@
 //!   submission order.
 //! - While a [`CommitHold`] lives, nothing is written: queued batches wait, and a full queue
 //!   makes `submit` block. Tests use it to show what the layers above do when the disk stalls.
+//! - A group is synced unless every batch in it may lag ([`Batch::may_lag`]). Since the WAL
+//!   is one ordered log, a synced write makes every earlier write durable too; a written but
+//!   unsynced lagging write is synced by the thread itself at most [`LAG_SYNC_WITHIN`] later,
+//!   and before the thread ends.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rocksdb::{WriteBatch, WriteOptions, DB};
@@ -31,14 +37,20 @@ const MAX_GROUP: usize = 1024;
 /// Async callers take an admission permit first (see the server's store handle), so they wait
 /// without blocking a thread; this bound is the last line.
 pub const DEFAULT_QUEUE_DEPTH: usize = 8192;
+/// The longest a written lagging batch waits for a sync. Seed 002 lets a device's connection
+/// state lag by up to five minutes; a second keeps the window a machine crash can lose small
+/// while a connect storm, whose records all may lag, costs about one sync a second.
+pub const LAG_SYNC_WITHIN: Duration = Duration::from_secs(1);
 
 /// Counters that show group commit at work: `commits / writes` is the mean group size.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommitStats {
     /// Batches acknowledged.
     pub commits: u64,
-    /// RocksDB writes (each with one sync in synced mode).
+    /// RocksDB writes.
     pub writes: u64,
+    /// WAL syncs: synced writes, and the syncs of writes that were allowed to lag.
+    pub syncs: u64,
 }
 
 /// A submitted batch; [`Ticket::wait`] returns once its write is durable (or failed).
@@ -80,6 +92,7 @@ struct Pending {
 struct Shared {
     commits: AtomicU64,
     writes: AtomicU64,
+    syncs: AtomicU64,
     poisoned: AtomicBool,
     /// Fault injection: the next write fails as a failed WAL write would (tests only).
     fail_next: AtomicBool,
@@ -204,6 +217,7 @@ impl Committer {
         CommitStats {
             commits: self.shared.commits.load(Ordering::Relaxed),
             writes: self.shared.writes.load(Ordering::Relaxed),
+            syncs: self.shared.syncs.load(Ordering::Relaxed),
         }
     }
 
@@ -231,9 +245,22 @@ impl Drop for Committer {
 }
 
 fn run(db: Arc<DB>, durability: Durability, rx: Receiver<Pending>, shared: Arc<Shared>) {
-    let mut wo = WriteOptions::default();
-    wo.set_sync(durability == Durability::Synced);
-    while let Ok(first) = rx.recv() {
+    let synced_mode = durability == Durability::Synced;
+    let mut synced = WriteOptions::default();
+    synced.set_sync(synced_mode);
+    let unsynced = WriteOptions::default();
+    // When the oldest written lagging batch not yet synced was written.
+    let mut lagging_since: Option<Instant> = None;
+    loop {
+        let first = match next_batch(&rx, lagging_since) {
+            Next::Batch(p) => p,
+            Next::SyncDue => {
+                sync_lagging(&db, &shared);
+                lagging_since = None;
+                continue;
+            }
+            Next::Closed => break,
+        };
         shared.wait_while_held();
         let mut group = vec![first];
         while group.len() < MAX_GROUP && group[group.len() - 1].batch.switch_memtable.is_none() {
@@ -242,7 +269,16 @@ fn run(db: Arc<DB>, durability: Durability, rx: Receiver<Pending>, shared: Arc<S
                 Err(_) => break,
             }
         }
-        let result = write_group(&db, &wo, &group, &shared);
+        let lags = !synced_mode || group.iter().all(|p| p.batch.may_lag);
+        let result = write_group(&db, if lags { &unsynced } else { &synced }, &group, &shared);
+        if synced_mode && result.is_ok() {
+            if lags {
+                lagging_since.get_or_insert_with(Instant::now);
+            } else {
+                shared.syncs.fetch_add(1, Ordering::Relaxed);
+                lagging_since = None;
+            }
+        }
         if let (Ok(()), Some(cf)) = (&result, group[group.len() - 1].batch.switch_memtable) {
             switch_memtable(&db, cf);
         }
@@ -251,6 +287,49 @@ fn run(db: Arc<DB>, durability: Durability, rx: Receiver<Pending>, shared: Arc<S
             .fetch_add(group.len() as u64, Ordering::Relaxed);
         for p in group {
             p.reply.send(result.clone());
+        }
+    }
+    if lagging_since.is_some() {
+        sync_lagging(&db, &shared);
+    }
+}
+
+enum Next {
+    Batch(Pending),
+    /// Lagging writes have waited [`LAG_SYNC_WITHIN`] for a sync.
+    SyncDue,
+    Closed,
+}
+
+fn next_batch(rx: &Receiver<Pending>, lagging_since: Option<Instant>) -> Next {
+    let Some(since) = lagging_since else {
+        return rx.recv().map_or(Next::Closed, Next::Batch);
+    };
+    let wait = LAG_SYNC_WITHIN.saturating_sub(since.elapsed());
+    // A steady stream of lagging batches must not postpone the sync forever.
+    if wait.is_zero() {
+        return Next::SyncDue;
+    }
+    match rx.recv_timeout(wait) {
+        Ok(p) => Next::Batch(p),
+        Err(RecvTimeoutError::Timeout) => Next::SyncDue,
+        Err(RecvTimeoutError::Disconnected) => Next::Closed,
+    }
+}
+
+/// Syncs the WAL under writes that were allowed to lag. A failure poisons the committer as a
+/// failed write does: what was written may not be on disk, and nobody can be told.
+fn sync_lagging(db: &DB, shared: &Shared) {
+    if shared.poisoned.load(Ordering::Acquire) {
+        return;
+    }
+    match db.flush_wal(true) {
+        Ok(()) => {
+            shared.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) => {
+            shared.poisoned.store(true, Ordering::Release);
+            tracing::error!(error = %e, "syncing lagging writes failed; refusing further writes");
         }
     }
 }

@@ -119,10 +119,12 @@ mod tests {
         let inflight = Arc::new(Inflight::default());
         let first = inflight.track(&Batch {
             switch_memtable: None,
+            may_lag: false,
             ops: vec![put(b"d1", b"v1")],
         });
         let second = inflight.track(&Batch {
             switch_memtable: None,
+            may_lag: false,
             ops: vec![
                 put(b"d1", b"v2"),
                 Op::Delete {
@@ -147,6 +149,7 @@ mod tests {
         let inflight = Arc::new(Inflight::default());
         let release = inflight.track(&Batch {
             switch_memtable: None,
+            may_lag: false,
             ops: vec![
                 Op::Put {
                     cf: cf::DEVICES,

@@ -24,7 +24,7 @@ pub use commit::CommitCallback;
 pub use commit::CommitStats;
 use commit::Committer;
 pub(crate) use commit::Ticket;
-pub use commit::{CommitHold, DEFAULT_QUEUE_DEPTH};
+pub use commit::{CommitHold, DEFAULT_QUEUE_DEPTH, LAG_SYNC_WITHIN};
 
 use crate::error::{KeyDisplay, OpenError, StorageError};
 
@@ -71,6 +71,9 @@ pub struct Batch {
     /// A column family whose memtable the committer switches right after writing this batch,
     /// before any later batch: a later flush then holds only what was queued after it.
     pub(crate) switch_memtable: Option<&'static str>,
+    /// Nobody is told this batch is on disk, so its write need not be synced (see
+    /// [`Batch::may_lag`]).
+    pub(crate) may_lag: bool,
 }
 
 impl Batch {
@@ -131,6 +134,15 @@ impl Batch {
     }
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty() && self.switch_memtable.is_none()
+    }
+    /// Lets the committer write this batch without a sync of its own: for state that nobody
+    /// is told is durable and that may lag after a machine crash (a device's connection state,
+    /// the router's cursor past notifications that routed nowhere). Its caller still hears
+    /// back only once it is written, so reads see it; the WAL makes it durable with the next
+    /// synced write, and the committer syncs it itself within [`LAG_SYNC_WITHIN`]. A process
+    /// crash loses nothing: the WAL is in the kernel's page cache once written.
+    pub(crate) fn may_lag(&mut self) {
+        self.may_lag = true;
     }
 }
 

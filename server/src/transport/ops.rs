@@ -145,6 +145,7 @@ async fn refresh(ctx: &HubContext) {
             .set(storage.c2d_messages_estimate as f64);
         metrics::counter!("ferrohub_commits_total").absolute(commits.commits);
         metrics::counter!("ferrohub_commit_writes_total").absolute(commits.writes);
+        metrics::counter!("ferrohub_commit_syncs_total").absolute(commits.syncs);
         if commits.writes > 0 {
             // Group commit: batches acknowledged per durable write, since start.
             metrics::gauge!("ferrohub_commit_batches_per_write")
