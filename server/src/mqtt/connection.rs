@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use super::authenticate::{authenticate, Authenticated};
 use super::c2d::{Delivery, SettleMode};
 use super::codec::{CodecError, MqttCodec};
-use super::lifecycle::{finish, mark_retained, publish_will, record_connection};
+use super::lifecycle::{finish, mark_retained, publish_will, stage_connection};
 use super::property_bag;
 use super::topics::{self, Feature, Inbound};
 use super::twin;
@@ -260,15 +260,24 @@ where
     let registration = ctx.connections.register(&auth.who, outbound_tx);
 
     let persistent = !connect.clean_session();
+    // The session and the "connected" state in one trip to the store: each trip is two thread
+    // wake-ups, which cost a connect more than the engine work itself (issue 19).
     let stored = {
         let id = client_id.clone();
-        if persistent {
-            ctx.store.run(move |s| s.load_session(&id)).await
-        } else {
-            ctx.store
-                .run(move |s| s.delete_session(&id).map(|()| None))
-                .await
-        }
+        let who = auth.who.clone();
+        let now = ctx.clock.now();
+        ctx.store
+            .run(move |s| {
+                let session = if persistent {
+                    s.load_session(&id)?
+                } else {
+                    s.delete_session(&id)?;
+                    None
+                };
+                stage_connection(s, &who, true, now);
+                Ok::<_, ferrohub_engine::StorageError>(session)
+            })
+            .await
     };
     let (session, present) = match stored {
         Ok(Some(s)) => (s, true),
@@ -288,7 +297,6 @@ where
     let will = connect
         .will()
         .map(|(topic, payload)| (topic.to_string(), payload.to_vec(), connect.will_retain()));
-    record_connection(&ctx, &auth, true).await;
     if framed
         .send(ConnackPacket::new(
             present,

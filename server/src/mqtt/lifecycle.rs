@@ -2,8 +2,12 @@
 //! (MQT-13), queued without waiting for the disk, and its Will (MQT-8), sent as telemetry when
 //! the connection ends without a DISCONNECT.
 
+use ferrohub_engine::model::UnixMillis;
+use ferrohub_engine::{StorageError, Store};
+
 use crate::hub::connections::Registration;
 use crate::hub::HubContext;
+use crate::ids::Identity;
 use crate::telemetry::{self, DeviceMessage};
 
 use super::authenticate::Authenticated;
@@ -14,18 +18,31 @@ use super::topics::{self, Inbound};
 /// nor closing the socket waits on the disk (see `Store::record_connection_then`). Queued in
 /// order, so a connection's "connected" always precedes its "disconnected".
 pub(super) async fn record_connection(ctx: &HubContext, auth: &Authenticated, connected: bool) {
-    let (d, m) = (auth.who.device_id.clone(), auth.who.module_id.clone());
+    let who = auth.who.clone();
     let now = ctx.clock.now();
-    let durable = |result: Result<(), ferrohub_engine::StorageError>| {
+    let staged = ctx
+        .store
+        .run(move |s| {
+            stage_connection(s, &who, connected, now);
+            Ok::<(), StorageError>(())
+        })
+        .await;
+    if let Err(e) = staged {
+        tracing::warn!(error = %e, "cannot record connection state");
+    }
+}
+
+/// [`record_connection`]'s engine call, for a caller already on the store's side of the seam
+/// (the CONNECT stages it with the session, in one trip). A failure is logged: the state is a
+/// debugging aid, and the connection goes on.
+pub(super) fn stage_connection(store: &Store, who: &Identity, connected: bool, now: UnixMillis) {
+    let durable = |result: Result<(), StorageError>| {
         if let Err(e) = result {
             tracing::warn!(error = %e, "cannot record connection state");
         }
     };
-    if let Err(e) = ctx
-        .store
-        .run(move |s| s.record_connection_then(&d, m.as_deref(), connected, now, durable))
-        .await
-    {
+    let (d, m) = (who.device_id.as_str(), who.module_id.as_deref());
+    if let Err(e) = store.record_connection_then(d, m, connected, now, durable) {
         tracing::warn!(error = %e, "cannot record connection state");
     }
 }
