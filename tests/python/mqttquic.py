@@ -3,7 +3,9 @@ stream carries the MQTT bytes exactly as TLS does (docs/mqtt.md, EMQX's single-s
 It is `mqttraw.RawMqtt` with another byte pipe: the same packets, reads and assertions.
 
 aioquic is asyncio; the client runs its own event loop on a thread so tests stay synchronous.
-`rebind()` moves the client to a new local UDP port mid-connection (connection migration)."""
+`rebind()` moves the client to a new local UDP port mid-connection (connection migration).
+`datagrams=True` advertises DATAGRAM support (RFC 9221) and counts the DATAGRAMs received;
+`far_ms` holds every incoming packet that long, so the hub measures a distant device."""
 
 import asyncio
 import queue
@@ -14,18 +16,28 @@ import time
 from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.events import ConnectionTerminated, StreamDataReceived
+from aioquic.quic.events import ConnectionTerminated, DatagramFrameReceived, StreamDataReceived
 
 from mqttraw import Closed, RawMqtt
 
 
 class _Protocol(QuicConnectionProtocol):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, far_s: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.incoming = queue.Queue()
+        self.far_s = far_s
+        self.datagrams = 0
+
+    def datagram_received(self, data, addr):
+        if self.far_s:
+            self._loop.call_later(self.far_s, super().datagram_received, data, addr)
+        else:
+            super().datagram_received(data, addr)
 
     def quic_event_received(self, event):
-        if isinstance(event, StreamDataReceived):
+        if isinstance(event, DatagramFrameReceived):
+            self.datagrams += 1
+        elif isinstance(event, StreamDataReceived):
             if event.data:
                 self.incoming.put(event.data)
             if event.end_stream:
@@ -43,15 +55,18 @@ def _bound_socket():
 
 class QuicMqtt(RawMqtt):
     def __init__(self, port: int, ca: str, host: str = "localhost", cert: str | None = None,
-                 key: str | None = None, alpn: str = "mqtt"):
+                 key: str | None = None, alpn: str = "mqtt", datagrams: bool = False,
+                 far_ms: float = 0.0):
         self.buf = b""
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        config = QuicConfiguration(is_client=True, alpn_protocols=[alpn], server_name=host)
+        config = QuicConfiguration(is_client=True, alpn_protocols=[alpn], server_name=host,
+                                   max_datagram_frame_size=65536 if datagrams else None)
         config.load_verify_locations(ca)
         if cert:
             config.load_cert_chain(cert, key)
-        self._context = connect("127.0.0.1", port, configuration=config, create_protocol=_Protocol)
+        self._context = connect("127.0.0.1", port, configuration=config,
+                                create_protocol=lambda *a, **k: _Protocol(*a, far_s=far_ms / 1000, **k))
         self.protocol = self._call(self._context.__aenter__())
         self.stream = self.protocol._quic.get_next_available_stream_id()
 
@@ -68,6 +83,15 @@ class QuicMqtt(RawMqtt):
             self.protocol._quic.send_stream_data(self.stream, data)
             self.protocol.transmit()
         self._in_loop(write)
+
+    def send_datagram(self, data: bytes):
+        def write():
+            self.protocol._quic.send_datagram_frame(data)
+            self.protocol.transmit()
+        self._in_loop(write)
+
+    def datagrams_received(self) -> int:
+        return self._in_loop(lambda: self.protocol.datagrams)
 
     def _recv_exact(self, n: int, deadline: float) -> bytes:
         while len(self.buf) < n:

@@ -149,3 +149,79 @@ def test_refusals_leave_the_hub_serving(hub, tmp_path):
     t = connect_device(hub, "victim")
     t.ping()
     t.disconnect()
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_a_distant_device_gets_one_tail_loss_probe_per_quiet_period(hub):
+    """A device 30 ms away that takes DATAGRAMs gets one 1-byte DATAGRAM after each burst the
+    hub writes (CONNACK, SUBACK, each PUBACK), so a lost last packet is found by the probe's
+    acknowledgement instead of the probe timeout (bench: scripts/bench-quic.sh)."""
+    hub.create_device("far")
+    c, code = connect_quic_device(hub, "far", datagrams=True, far_ms=30)
+    assert code == 0
+    try:
+        assert wait_for(lambda: c.datagrams_received() == 1), c.datagrams_received()
+        for pkid in (1, 2, 3):
+            c.publish("devices/far/messages/events/", f"m{pkid}".encode(), qos=1, pkid=pkid)
+            assert c.expect_puback(pkid)
+            assert wait_for(lambda: c.datagrams_received() == 1 + pkid), c.datagrams_received()
+        # Quiet: no more probes until the hub writes again.
+        time.sleep(0.5)
+        assert c.datagrams_received() == 4
+        assert [base64.b64decode(e["body"]) for e in hub.events_of("far")] == [b"m1", b"m2", b"m3"]
+    finally:
+        c.close()
+
+
+def test_no_probes_for_near_devices_or_devices_without_datagrams(hub):
+    hub.create_device("near")
+    hub.create_device("plain")
+    near, code = connect_quic_device(hub, "near", datagrams=True)
+    assert code == 0
+    # aioquic closes a connection that gets a DATAGRAM it did not ask for: this device's
+    # PUBACKs arriving at all is the check.
+    plain, code = connect_quic_device(hub, "plain", far_ms=30)
+    assert code == 0
+    try:
+        for pkid in (1, 2):
+            near.publish("devices/near/messages/events/", b"x", qos=1, pkid=pkid)
+            assert near.expect_puback(pkid)
+            plain.publish("devices/plain/messages/events/", b"x", qos=1, pkid=pkid)
+            assert plain.expect_puback(pkid)
+            time.sleep(0.3)
+        assert near.datagrams_received() == 0
+        plain.ping()
+    finally:
+        near.close()
+        plain.close()
+
+
+def test_datagrams_from_a_device_are_dropped_unread(hub):
+    """MQTT over QUIC gives DATAGRAMs no meaning: the hub keeps at most a few (quinn drops the
+    oldest), the connection goes on, and nothing is stored from them."""
+    hub.create_device("chatty")
+    c, code = connect_quic_device(hub, "chatty", datagrams=True)
+    assert code == 0
+    try:
+        for i in range(2_000):
+            c.send_datagram(bytes([i % 256]) * 16)
+        c.publish("devices/chatty/messages/events/", b"after", qos=1, pkid=1)
+        assert c.expect_puback(1)
+        assert [base64.b64decode(e["body"]) for e in hub.events_of("chatty")] == [b"after"]
+        # One above the hub's small DATAGRAM window ends this connection only.
+        c.send_datagram(b"x" * 1000)
+        assert c.wait_closed(5)
+    finally:
+        c.close()
+    ok, code = connect_quic_device(hub, "chatty")
+    assert code == 0
+    ok.ping()
+    ok.close()

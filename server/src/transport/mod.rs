@@ -6,6 +6,7 @@
 //!   WebSocket upgrades of [`ws`].
 //! - [`mqtt_tls`]: MQTT over TLS on 8883.
 //! - [`mqtt_quic`]: MQTT over QUIC on UDP 14567, one bidirectional stream per connection.
+//! - [`quic_tail_probe`]: a QUIC writer whose quiet periods end with a tail loss probe.
 //! - [`amqp_tls`]: AMQP over TLS on 5671.
 //! - [`ws`], [`ws_io`]: MQTT over WebSocket on 443, as a byte stream.
 //!
@@ -22,6 +23,7 @@ pub mod lean_tls;
 mod lean_tls_tests;
 pub mod mqtt_quic;
 pub mod mqtt_tls;
+pub mod quic_tail_probe;
 pub mod ops;
 pub mod ws;
 pub mod ws_io;

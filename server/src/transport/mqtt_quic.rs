@@ -9,6 +9,8 @@
 //! - A client certificate presented in the handshake is the MQTT connection's, as over TLS.
 //! - Connection migration is on: a client whose address or port changes keeps its connection
 //!   and MQTT session (quinn validates the new path).
+//! - A connection's quiet periods end with a tail loss probe when the device takes DATAGRAMs
+//!   ([`TailProbed`]); DATAGRAMs the device sends are dropped unread.
 //! - Limits: at most [`MAX_CONNECTIONS`] connections; while more than
 //!   [`RETRY_ABOVE_HANDSHAKES`] handshakes are in flight, an unvalidated address gets a
 //!   stateless Retry first (a flood of spoofed Initials costs the hub no state); the idle
@@ -33,13 +35,12 @@ use tokio_util::task::TaskTracker;
 use crate::hub::HubContext;
 use crate::mqtt::connection::{self, PeerInfo};
 use crate::tls::{self, TlsPaths};
+use crate::transport::quic_tail_probe::TailProbed;
 
 /// QUIC connections hold no file descriptor, but each holds memory and a session.
 pub const MAX_CONNECTIONS: usize = 16_000;
 /// Handshakes in flight above which unvalidated clients are sent a Retry.
 pub const RETRY_ABOVE_HANDSHAKES: usize = 256;
-/// Handshake plus the client's first stream.
-const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The UDP socket's receive and send buffers.
 const SOCKET_BUFFER: usize = 4 << 20;
 /// How long an ended MQTT connection's QUIC connection waits for the client to close it.
@@ -48,6 +49,10 @@ const LINGER: Duration = Duration::from_secs(2);
 const IDLE_TIMEOUT: Duration = Duration::from_secs(1_800);
 /// The ACK delay asked of devices that support the ACK frequency extension.
 const ACK_DELAY: Duration = Duration::from_millis(5);
+/// DATAGRAMs received and never read (devices' tail loss probes) a connection keeps at most,
+/// in bytes counted as quinn does (payload plus its handle); older ones are dropped. One
+/// larger than this closes the connection: MQTT over QUIC gives DATAGRAMs no meaning.
+const DATAGRAM_WINDOW: usize = 256;
 
 /// Why the QUIC listener could not start.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +80,8 @@ fn server_config(paths: &TlsPaths) -> Result<ServerConfig, QuicError> {
     let mut ack = AckFrequencyConfig::default();
     ack.max_ack_delay(Some(ACK_DELAY));
     transport.ack_frequency_config(Some(ack));
+    // quinn's default window is 1.25 MB per connection, which unread DATAGRAMs would fill.
+    transport.datagram_receive_buffer_size(Some(DATAGRAM_WINDOW));
     config.transport_config(Arc::new(transport));
     config.migration(true);
     Ok(config)
@@ -154,7 +161,8 @@ async fn serve_connection(
 ) {
     let remote = incoming.remote_address();
     handshaking.fetch_add(1, Ordering::Relaxed);
-    let setup = tokio::time::timeout(SETUP_TIMEOUT, async {
+    // The QUIC handshake and the client's first stream, within the TLS handshake's limit.
+    let setup = tokio::time::timeout(ctx.timeouts.tls_handshake, async {
         let conn = incoming.await?;
         let streams = conn.accept_bi().await?;
         Ok::<_, quinn::ConnectionError>((conn, streams))
@@ -181,7 +189,7 @@ async fn serve_connection(
         transport: "mqtt-quic",
         client_cert,
     };
-    let io = tokio::io::join(recv, send);
+    let io = tokio::io::join(recv, TailProbed::new(&conn, send));
     connection::run(io, info, ctx, shutdown).await;
     // The stream was finished when it dropped; give what the hub wrote last (a CONNACK
     // refusal, say) a moment to be delivered before the connection closes under it.
