@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _};
 use ferrohub_server::mqtt::codec::MqttCodec;
+use ferrohub_server::transport::quic_tail_probe::TailProbed;
 use futures::{SinkExt, StreamExt};
 use mqtt::control::ConnectReturnCode;
 use mqtt::packet::*;
@@ -57,8 +58,9 @@ pub enum Dialer {
 }
 
 impl Dialer {
-    /// QUIC trusting one CA file (PEM): TLS 1.3, ALPN `mqtt`.
-    pub fn quic(ca_pem: &std::path::Path) -> anyhow::Result<Dialer> {
+    /// QUIC trusting one CA file (PEM): TLS 1.3, ALPN `mqtt`; with `tail_probe`, each
+    /// connection's quiet periods end with a tail loss probe (the hub's, which it accepts).
+    pub fn quic(ca_pem: &std::path::Path, tail_probe: bool) -> anyhow::Result<Dialer> {
         let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -80,6 +82,7 @@ impl Dialer {
         Ok(Dialer::Quic(Arc::new(QuicEndpoints {
             endpoints,
             next: AtomicUsize::new(0),
+            tail_probe,
         })))
     }
 
@@ -107,7 +110,14 @@ impl Dialer {
                 let conn = endpoint.connect(addr, host)?.await?;
                 let (send, recv) = conn.open_bi().await?;
                 // The streams keep the connection (and its endpoint's driver) alive.
-                Ok(Box::new(tokio::io::join(recv, send)))
+                if quic.tail_probe {
+                    Ok(Box::new(tokio::io::join(
+                        recv,
+                        TailProbed::new(&conn, send),
+                    )))
+                } else {
+                    Ok(Box::new(tokio::io::join(recv, send)))
+                }
             }
         }
     }
@@ -121,6 +131,7 @@ impl Dialer {
 pub struct QuicEndpoints {
     endpoints: Vec<quinn::Endpoint>,
     next: AtomicUsize,
+    tail_probe: bool,
 }
 
 const QUIC_ENDPOINTS: usize = 8;

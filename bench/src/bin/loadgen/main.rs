@@ -87,6 +87,10 @@ struct Args {
     transport: Transport,
     #[arg(long, default_value_t = 14567)]
     quic_port: u16,
+    /// QUIC devices end each quiet period with a tail loss probe, as the hub does
+    /// (`ferrohub_server::transport::quic_tail_probe`).
+    #[arg(long)]
+    quic_tail_probe: bool,
     #[arg(long, default_value_t = 443)]
     https_port: u16,
     /// CA certificate (PEM) the broker's certificate chains to.
@@ -144,6 +148,7 @@ struct Report {
     messages_per_device: usize,
     payload_bytes: usize,
     inflight: usize,
+    quic_tail_probe: bool,
     acknowledged: usize,
     errors: usize,
     duration_s: f64,
@@ -167,7 +172,9 @@ fn dialer_of(args: &Args, tls: &tokio_rustls::TlsConnector) -> Result<client::Di
     match args.transport {
         Transport::Tls => Ok(tls.clone().into()),
         Transport::Ws => Ok(client::Dialer::Ws(tls.clone())),
-        Transport::Quic => client::Dialer::quic(&args.ca).map_err(|e| format!("{e:#}")),
+        Transport::Quic => {
+            client::Dialer::quic(&args.ca, args.quic_tail_probe).map_err(|e| format!("{e:#}"))
+        }
     }
 }
 
@@ -397,6 +404,7 @@ async fn main() -> anyhow::Result<()> {
         messages_per_device: args.messages_per_device,
         payload_bytes: args.payload_bytes,
         inflight: args.inflight,
+        quic_tail_probe: args.quic_tail_probe,
         acknowledged,
         errors: errors.len(),
         duration_s: duration.as_secs_f64(),
