@@ -194,7 +194,24 @@ pub(crate) struct PartitionGuards<'a>(
 #[derive(Clone, Copy)]
 enum Locking {
     Wait,
+    /// Gives up, after spinning briefly for a partition lock (see [`lock_briefly`]).
     Try,
+}
+
+/// Tries this often, a spin-loop hint apart, for a partition lock another staging holds.
+/// Staging holds it for about a microsecond (one event's encoding), while giving up sends
+/// the append through a thread hand-off that costs several times that; so a busy partition
+/// is worth a few microseconds' wait, and no more (the holder may have been preempted).
+const LOCK_SPINS: u32 = 64;
+
+fn lock_briefly<T>(m: &Mutex<T>) -> Option<parking_lot::MutexGuard<'_, T>> {
+    for _ in 0..LOCK_SPINS {
+        if let Some(guard) = m.try_lock() {
+            return Some(guard);
+        }
+        std::hint::spin_loop();
+    }
+    None
 }
 
 /// A [`Store::try_append_events_then`] that would have had to wait: what it was given, back.
@@ -362,7 +379,7 @@ impl Store {
             let head = &self.partitions().heads[p as usize];
             match locking {
                 Locking::Wait => guards.push((p, head.lock())),
-                Locking::Try => match head.try_lock() {
+                Locking::Try => match lock_briefly(head) {
                     Some(guard) => guards.push((p, guard)),
                     None => return Ok(None),
                 },

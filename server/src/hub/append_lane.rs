@@ -20,6 +20,9 @@
 //!   staging that may wait run on the blocking pool.
 //! - A permit is held from admission until the message's write completed (or failed), so the
 //!   number of staged-but-not-durable lane messages never exceeds the admission limit.
+//! - A message is answered either by its own future ([`AppendLane::append`]) or by a ticket
+//!   in the lane's [`LaneAcks`] window ([`AppendLane::append_in_order`]); one lane's tickets
+//!   are answered in the order they were issued.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -31,6 +34,7 @@ use parking_lot::Mutex;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::d2c_notify::D2cNotify;
+use super::lane_acks::LaneAcks;
 use super::store_slot::StoreSlot;
 
 /// Decides what to append for one message, on the blocking pool: routing that reads twins.
@@ -44,7 +48,13 @@ pub enum Message {
     Unrouted(Prepare),
 }
 
-type Reply = oneshot::Sender<Result<Vec<Appended>, D2cError>>;
+/// Who is told that a message is durable.
+enum Reply {
+    /// The future [`AppendLane::append`] returned.
+    Once(oneshot::Sender<Result<Vec<Appended>, D2cError>>),
+    /// A ticket in the lane's window ([`AppendLane::append_in_order`]).
+    InOrder(Arc<LaneAcks>, u64),
+}
 
 /// How one admitted message ends: its permit returned, readers woken, the caller answered.
 /// Shared between the lane and the engine's commit callback; whichever finishes it first wins.
@@ -65,7 +75,10 @@ impl Completion {
                 self.1.appended(a.partition, a.sequence_number);
             }
         }
-        let _ = reply.send(result);
+        match reply {
+            Reply::Once(tx) => drop(tx.send(result)),
+            Reply::InOrder(acks, ticket) => acks.fill(ticket, result.map(drop)),
+        }
     }
 
     /// The engine's durability callback.
@@ -96,6 +109,7 @@ struct Lane {
     admission: Arc<Semaphore>,
     readers: Arc<D2cNotify>,
     queue: Mutex<Queue>,
+    acks: Arc<LaneAcks>,
 }
 
 /// One connection's ordered path into the D2C partitions.
@@ -115,6 +129,7 @@ impl AppendLane {
             admission,
             readers,
             queue: Mutex::new(Queue::default()),
+            acks: Arc::default(),
         }))
     }
 
@@ -128,17 +143,7 @@ impl AppendLane {
         now: UnixMillis,
     ) -> impl Future<Output = Result<Vec<Appended>, D2cError>> + Send + 'static {
         let (reply, done) = oneshot::channel();
-        match Arc::clone(&self.0.admission).acquire_owned().await {
-            Ok(permit) => {
-                let completion = Completion(
-                    Arc::new(Mutex::new(Some((permit, reply)))),
-                    Arc::clone(&self.0.readers),
-                );
-                self.stage_or_queue(message, now, completion);
-            }
-            // The semaphore is never closed while the store is open.
-            Err(_) => drop(reply.send(Err(D2cError::Storage(StorageError::Closed)))),
-        }
+        self.admit(message, now, Reply::Once(reply)).await;
         let started = std::time::Instant::now();
         let (durable_messages, append_seconds) = (
             self.0.durable_messages.clone(),
@@ -155,6 +160,57 @@ impl AppendLane {
             }
             result
         }
+    }
+
+    /// Like [`AppendLane::append`], but the message is answered through the lane's ticket
+    /// window ([`AppendLane::acks`]), in call order, rather than by a future of its own: a
+    /// connection with many messages in flight then keeps no channel or future per message.
+    /// Whether admission had to wait (the time since the message came then misleads).
+    ///
+    /// Call from one task, in arrival order. The caller counts the durable messages
+    /// ([`AppendLane::durable`]).
+    pub async fn append_in_order(&self, message: Message, now: UnixMillis) -> bool {
+        let ticket = self.0.acks.issue();
+        let reply = Reply::InOrder(Arc::clone(&self.0.acks), ticket);
+        self.admit(message, now, reply).await
+    }
+
+    /// The ticket window of [`AppendLane::append_in_order`].
+    pub fn acks(&self) -> &LaneAcks {
+        &self.0.acks
+    }
+
+    /// Counts one message answered through the ticket window as durable, `took` after its
+    /// admission.
+    pub fn durable(&self, took: std::time::Duration) {
+        self.0.durable_messages.increment(1);
+        self.0.append_seconds.record(took.as_secs_f64());
+    }
+
+    /// Waits for admission, then stages or queues the message; whether admission had to wait.
+    async fn admit(&self, message: Message, now: UnixMillis, reply: Reply) -> bool {
+        let (permit, waited) = match Arc::clone(&self.0.admission).try_acquire_owned() {
+            Ok(permit) => (Ok(permit), false),
+            Err(_) => (Arc::clone(&self.0.admission).acquire_owned().await, true),
+        };
+        match permit {
+            Ok(permit) => {
+                let completion = Completion(
+                    Arc::new(Mutex::new(Some((permit, reply)))),
+                    Arc::clone(&self.0.readers),
+                );
+                self.stage_or_queue(message, now, completion);
+            }
+            // The semaphore is never closed while the store is open.
+            Err(_) => {
+                let closed = Err(D2cError::Storage(StorageError::Closed));
+                match reply {
+                    Reply::Once(tx) => drop(tx.send(closed)),
+                    Reply::InOrder(acks, ticket) => acks.fill(ticket, closed.map(drop)),
+                }
+            }
+        }
+        waited
     }
 
     fn stage_or_queue(&self, mut message: Message, now: UnixMillis, completion: Completion) {

@@ -169,6 +169,20 @@ impl HubContext {
         lane.append(message, now).await
     }
 
+    /// Like [`HubContext::append_telemetry`] for one connection's telemetry, answered in
+    /// order through the lane's ticket window (see [`AppendLane::append_in_order`]); `now` is
+    /// the message's arrival in wall time. Whether admission had to wait.
+    pub async fn append_telemetry_in_order(
+        &self,
+        lane: &AppendLane,
+        events: Vec<NewEvent>,
+        module_id: Option<ModuleId>,
+        now: UnixMillis,
+    ) -> bool {
+        let message = self.route_telemetry(events, module_id, now);
+        lane.append_in_order(message, now).await
+    }
+
     /// Locks the next feedback message (C2D-5) for a back-end, if there is one, and tells the
     /// lock and expiry tasks.
     ///

@@ -33,6 +33,7 @@ pub mod configurations;
 pub mod connections;
 pub mod context;
 pub mod d2c_notify;
+pub mod lane_acks;
 pub mod daily_quota;
 pub mod event_router;
 pub mod fair_share;

@@ -17,11 +17,9 @@
 //! - C2D messages are fetched (locked) only while the session subscribes to them, at most
 //!   [`super::c2d::WINDOW`] at a time; see [`super::c2d`] for completion and settlement.
 
-use std::pin::Pin;
 use std::time::Duration;
 
 use ferrohub_engine::sessions::SessionRecord;
-use futures::stream::FuturesOrdered;
 use futures::{Future, FutureExt, SinkExt, StreamExt};
 use mqtt::control::{ConnectReturnCode, ProtocolLevel};
 use mqtt::packet::*;
@@ -32,6 +30,7 @@ use tokio::time::Instant;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 
+use super::answers::{Answer, Answers, Packets};
 use super::authenticate::{authenticate, Authenticated};
 use super::c2d::{Delivery, SettleMode};
 use super::codec::{CodecError, MqttCodec};
@@ -88,17 +87,14 @@ enum End {
     WriteStalled(Duration),
 }
 
-/// Queued work of this connection: the packets to send when it completes, or why the
-/// connection must end. Completed in order, so answers keep the order of requests.
-type Pending = Pin<Box<dyn Future<Output = Result<twin::Packets, String>> + Send>>;
-
 struct Connection<IO> {
     framed: Framed<IO, MqttCodec>,
     ctx: HubContext,
     auth: Authenticated,
     session: SessionRecord,
     persistent: bool,
-    pending: FuturesOrdered<Pending>,
+    /// Answers owed, in the order of the requests.
+    pending: Answers,
     outbound: mpsc::Receiver<Outbound>,
     /// Published to `Connections` so method callers see whether this session takes methods.
     methods_flag: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -323,7 +319,7 @@ where
         auth: auth.clone(),
         session,
         persistent,
-        pending: FuturesOrdered::new(),
+        pending: Answers::default(),
         outbound,
         methods_flag: std::sync::Arc::clone(&registration.methods),
         c2d: Delivery::new(
@@ -380,8 +376,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 biased;
                 _ = &mut kicked => return End::Kicked,
                 _ = &mut shutting_down => return End::Shutdown,
-                Some(result) = self.pending.next(), if !self.pending.is_empty() => {
-                    if let Some(end) = Box::pin(self.answer_ready(result)).await { return end; }
+                Some(answer) = self.pending.next(&self.lane), if !self.pending.is_empty() => {
+                    if let Some(end) = Box::pin(self.answer_ready(answer)).await { return end; }
                 }
                 _ = &mut c2d_woken => {
                     self.c2d.want = true;
@@ -442,13 +438,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         }
     }
 
-    /// Writes the answers of `first` and of every other queued work that is already done,
-    /// then flushes once: a group commit that completes many messages of this connection
-    /// costs one write to the socket, not one per PUBACK (and the client wakes once).
-    async fn answer_ready(&mut self, first: Result<twin::Packets, String>) -> Option<End> {
+    /// Writes `first` and every other answer that is already ready, then flushes once: a
+    /// group commit that completes many messages of this connection costs one write to the
+    /// socket, not one per PUBACK (and the client wakes once). The clock is read once for all
+    /// of them.
+    async fn answer_ready(&mut self, first: Answer) -> Option<End> {
+        let now = Instant::now();
         let mut next = Some(first);
-        while let Some(result) = next {
-            let packets = match result {
+        while let Some(answer) = next {
+            let packets = match self.packets_of(answer, now) {
                 Ok(packets) => packets,
                 Err(e) => return Some(End::StoreFailed(e)),
             };
@@ -457,13 +455,29 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     return Some(end);
                 }
             }
-            next = if self.pending.is_empty() {
-                None
-            } else {
-                self.pending.next().now_or_never().flatten()
-            };
+            next = self.pending.try_next(&self.lane);
         }
         self.stalling(|f| SinkExt::<VariablePacket>::flush(f)).await
+    }
+
+    /// The packets an answer sends; a durable telemetry message is counted here.
+    fn packets_of(&self, answer: Answer, now: Instant) -> Result<Packets, String> {
+        let packets = match answer {
+            Answer::Telemetry {
+                pkid,
+                received,
+                admitted,
+                result,
+            } => {
+                result?;
+                self.puback_seconds
+                    .record(now.saturating_duration_since(received).as_secs_f64());
+                self.lane.durable(now.saturating_duration_since(admitted));
+                Packets::One(pkid.map(|id| PubackPacket::new(id).into()))
+            }
+            Answer::Work(result) => Packets::Many(result?.into_iter()),
+        };
+        Ok(packets)
     }
 
     /// Runs one write step on the framed connection under the write-stall limit.
@@ -508,6 +522,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         }
         *self.framed.read_buffer_mut() = bytes::BytesMut::new();
         *self.framed.write_buffer_mut() = bytes::BytesMut::new();
+        self.pending.release_if_empty(&self.lane);
         metrics::counter!("ferrohub_mqtt_idle_buffer_releases_total").increment(1);
         true
     }
@@ -547,6 +562,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     return Some(end);
                 }
                 let received = Instant::now();
+                let now = self.ctx.clock.now();
                 let properties = match property_bag::parse(bag) {
                     Ok(props) => props,
                     Err(e) => return Some(End::Violation(e.to_string())),
@@ -564,25 +580,19 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 };
                 // Waits here, suspending only this connection, while the hub admits no more
                 // writes (a stalled disk); then the append proceeds behind the seam.
-                let appended = self
+                let module_id = self.auth.who.module_id.clone();
+                let waited = self
                     .ctx
-                    .append_telemetry(&self.lane, vec![event], self.auth.who.module_id.clone())
+                    .append_telemetry_in_order(&self.lane, vec![event], module_id, now)
                     .await;
-                let puback_seconds = self.puback_seconds.clone();
-                self.pending.push_back(Box::pin(async move {
-                    appended.await.map_err(|e| e.to_string())?;
-                    puback_seconds.record(received.elapsed().as_secs_f64());
-                    Ok(pkid
-                        .map(|id| PubackPacket::new(id).into())
-                        .into_iter()
-                        .collect())
-                }));
+                let admitted = if waited { Instant::now() } else { received };
+                self.pending.push_telemetry(pkid, received, admitted);
                 None
             }
             Inbound::TwinGet { rid } => {
                 let work = twin::get(self.ctx.clone(), self.auth.who.clone(), rid, pkid);
                 self.pending
-                    .push_back(Box::pin(async move { Ok(work.await) }));
+                    .push_work(Box::pin(async move { Ok(work.await) }));
                 None
             }
             Inbound::TwinReportedPatch { rid } => {
@@ -594,12 +604,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     pkid,
                 );
                 self.pending
-                    .push_back(Box::pin(async move { Ok(work.await) }));
+                    .push_work(Box::pin(async move { Ok(work.await) }));
                 None
             }
             Inbound::C2dSettle { lock_token, action } => {
                 let settled = self.c2d.on_settle(&self.ctx, lock_token, action);
-                self.pending.push_back(Box::pin(async move {
+                self.pending.push_work(Box::pin(async move {
                     settled.await?;
                     Ok(pkid
                         .map(|id| PubackPacket::new(id).into())
@@ -621,7 +631,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     tracing::debug!(%rid, "method answer for no waiting call; dropped");
                 }
                 if let Some(id) = pkid {
-                    self.pending.push_back(Box::pin(async move {
+                    self.pending.push_work(Box::pin(async move {
                         Ok(vec![PubackPacket::new(id).into()])
                     }));
                 }
@@ -633,9 +643,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
     /// Sends the answers of queued work, for at most a few seconds.
     async fn flush_pending(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(5);
-        while let Ok(Some(Ok(packets))) =
-            tokio::time::timeout_at(deadline, self.pending.next()).await
+        let now = Instant::now();
+        while let Ok(Some(answer)) =
+            tokio::time::timeout_at(deadline, self.pending.next(&self.lane)).await
         {
+            let Ok(packets) = self.packets_of(answer, now) else {
+                return;
+            };
             for p in packets {
                 if self.send(p).await.is_some() {
                     return;

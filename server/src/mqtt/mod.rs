@@ -3,6 +3,7 @@
 //! per-connection state machine ([`connection`]), with C2D delivery in [`c2d`] and what a
 //! connection records when it opens and ends in [`lifecycle`]. `mqtt-protocol` types stay inside this module.
 
+mod answers;
 pub mod authenticate;
 pub mod c2d;
 pub mod codec;
