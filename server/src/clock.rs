@@ -50,7 +50,9 @@ impl Clock {
 
     pub fn now(&self) -> UnixMillis {
         match &*self.0 {
-            Source::System => UnixMillis(chrono::Utc::now().timestamp_millis()),
+            // Straight from the system time: chrono's `Utc::now` builds a calendar date that
+            // `timestamp_millis` then turns back into a count, per message.
+            Source::System => UnixMillis(system_millis(std::time::SystemTime::now())),
             Source::Tokio { start_wall, start } => {
                 UnixMillis(start_wall.0 + start.elapsed().as_millis() as i64)
             }
@@ -66,6 +68,18 @@ impl Clock {
     pub fn instant_at(&self, at: UnixMillis) -> Instant {
         let ahead = (at.0 - self.now().0).max(0) as u64;
         Instant::now() + std::time::Duration::from_millis(ahead)
+    }
+}
+
+/// Milliseconds since the Unix epoch of a system time (negative before it), as chrono counts
+/// them: rounded towards minus infinity.
+fn system_millis(t: std::time::SystemTime) -> i64 {
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(after) => after.as_millis() as i64,
+        Err(before) => {
+            let d = before.duration();
+            -((d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0)) as i64)
+        }
     }
 }
 
@@ -93,6 +107,21 @@ pub fn iso7(at: UnixMillis) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn system_millis_counts_as_chrono_does() {
+        use std::time::{Duration, UNIX_EPOCH};
+        for t in [
+            UNIX_EPOCH,
+            UNIX_EPOCH + Duration::from_nanos(1_764_000_123_456_789_123),
+            UNIX_EPOCH - Duration::from_micros(1_500),
+            UNIX_EPOCH - Duration::from_millis(2),
+            std::time::SystemTime::now(),
+        ] {
+            let chrono_ms = chrono::DateTime::<chrono::Utc>::from(t).timestamp_millis();
+            assert_eq!(system_millis(t), chrono_ms, "{t:?}");
+        }
+    }
 
     #[test]
     fn iso7_has_seven_fraction_digits() {
