@@ -36,6 +36,7 @@ use super::c2d::{Delivery, SettleMode};
 use super::codec::{CodecError, MqttCodec};
 use super::lifecycle::{finish, mark_retained, publish_will, stage_connection};
 use super::property_bag;
+use super::stop_signal::{Stop, StopSignal};
 use super::topics::{self, Feature, Inbound};
 use super::twin;
 use crate::hub::connections::{MethodRequestOut, Outbound, Registration, OUTBOUND_QUEUE};
@@ -364,6 +365,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         let c2d_signal = std::sync::Arc::clone(self.c2d.signal());
         let c2d_woken = c2d_signal.wake.notified();
         tokio::pin!(keep_alive_timer, kicked, shutting_down, c2d_woken);
+        let mut stop = StopSignal::new(kicked, shutting_down);
         loop {
             let can_read = self.pending.len() < MAX_INFLIGHT;
             let c2d_qos = self.c2d_subscription();
@@ -374,8 +376,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
             let reopen = self.c2d.window_reopens();
             tokio::select! {
                 biased;
-                _ = &mut kicked => return End::Kicked,
-                _ = &mut shutting_down => return End::Shutdown,
+                stopped = stop.stopped() => return match stopped {
+                    Stop::Kicked => End::Kicked,
+                    Stop::Shutdown => End::Shutdown,
+                },
                 Some(answer) = self.pending.next(&self.lane), if !self.pending.is_empty() => {
                     if let Some(end) = Box::pin(self.answer_ready(answer)).await { return end; }
                 }

@@ -10,5 +10,6 @@ pub mod codec;
 pub mod connection;
 mod lifecycle;
 pub mod property_bag;
+mod stop_signal;
 pub mod topics;
 pub mod twin;
