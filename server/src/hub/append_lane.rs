@@ -19,9 +19,10 @@
 //!   at admission, the direct path gives up rather than wait, and routing that reads twins and
 //!   staging that may wait run on the blocking pool.
 //! - A permit is held from admission until the message's write completed (or failed), so the
-//!   number of staged-but-not-durable lane messages never exceeds the admission limit.
-//! - A message is answered either by its own future ([`AppendLane::append`]) or by a ticket
-//!   in the lane's [`LaneAcks`] window ([`AppendLane::append_in_order`]); one lane's tickets
+//!   number of staged-but-not-durable lane messages (each one batch in the commit queue; a
+//!   lane message may carry a burst of device messages) never exceeds the admission limit.
+//! - A message is answered either by its own future ([`AppendLane::append`]) or by a run of
+//!   tickets in the lane's [`LaneAcks`] window ([`AppendLane::append_in_order`]); one lane's tickets
 //!   are answered in the order they were issued.
 
 use std::collections::VecDeque;
@@ -34,7 +35,7 @@ use parking_lot::Mutex;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::d2c_notify::D2cNotify;
-use super::lane_acks::LaneAcks;
+use super::lane_acks::{LaneAcks, Tickets};
 use super::store_slot::StoreSlot;
 
 /// Decides what to append for one message, on the blocking pool: routing that reads twins.
@@ -52,8 +53,8 @@ pub enum Message {
 enum Reply {
     /// The future [`AppendLane::append`] returned.
     Once(oneshot::Sender<Result<Vec<Appended>, D2cError>>),
-    /// A ticket in the lane's window ([`AppendLane::append_in_order`]).
-    InOrder(Arc<LaneAcks>, u64),
+    /// A run of tickets in the lane's window ([`AppendLane::append_in_order`]).
+    InOrder(Arc<LaneAcks>, Tickets),
 }
 
 /// How one admitted message ends: its permit returned, readers woken, the caller answered.
@@ -77,7 +78,7 @@ impl Completion {
         }
         match reply {
             Reply::Once(tx) => drop(tx.send(result)),
-            Reply::InOrder(acks, ticket) => acks.fill(ticket, result.map(drop)),
+            Reply::InOrder(acks, tickets) => acks.fill(tickets, result.map(drop)),
         }
     }
 
@@ -162,16 +163,19 @@ impl AppendLane {
         }
     }
 
-    /// Like [`AppendLane::append`], but the message is answered through the lane's ticket
-    /// window ([`AppendLane::acks`]), in call order, rather than by a future of its own: a
+    /// Like [`AppendLane::append`], but answered through the lane's ticket window
+    /// ([`AppendLane::acks`]), in call order, rather than by a future of its own: a
     /// connection with many messages in flight then keeps no channel or future per message.
-    /// Whether admission had to wait (the time since the message came then misleads).
+    /// `message` carries the events of `count` device messages (a burst that came in one
+    /// read), staged as one atomic write; each device message has its own ticket, all filled
+    /// with the write's result. Whether admission had to wait (the time since the messages
+    /// came then misleads).
     ///
     /// Call from one task, in arrival order. The caller counts the durable messages
     /// ([`AppendLane::durable`]).
-    pub async fn append_in_order(&self, message: Message, now: UnixMillis) -> bool {
-        let ticket = self.0.acks.issue();
-        let reply = Reply::InOrder(Arc::clone(&self.0.acks), ticket);
+    pub async fn append_in_order(&self, message: Message, count: u32, now: UnixMillis) -> bool {
+        let tickets = self.0.acks.issue(count);
+        let reply = Reply::InOrder(Arc::clone(&self.0.acks), tickets);
         self.admit(message, now, reply).await
     }
 
@@ -206,7 +210,7 @@ impl AppendLane {
                 let closed = Err(D2cError::Storage(StorageError::Closed));
                 match reply {
                     Reply::Once(tx) => drop(tx.send(closed)),
-                    Reply::InOrder(acks, ticket) => acks.fill(ticket, closed.map(drop)),
+                    Reply::InOrder(acks, tickets) => acks.fill(tickets, closed.map(drop)),
                 }
             }
         }

@@ -169,9 +169,10 @@ impl HubContext {
         lane.append(message, now).await
     }
 
-    /// Like [`HubContext::append_telemetry`] for one connection's telemetry, answered in
-    /// order through the lane's ticket window (see [`AppendLane::append_in_order`]); `now` is
-    /// the message's arrival in wall time. Whether admission had to wait.
+    /// Like [`HubContext::append_telemetry`] for a burst of one connection's telemetry, one
+    /// event per device message, appended as one write and answered in order through the
+    /// lane's ticket window, one ticket per message (see [`AppendLane::append_in_order`]);
+    /// `now` is the burst's arrival in wall time. Whether admission had to wait.
     pub async fn append_telemetry_in_order(
         &self,
         lane: &AppendLane,
@@ -179,8 +180,9 @@ impl HubContext {
         module_id: Option<ModuleId>,
         now: UnixMillis,
     ) -> bool {
+        let count = u32::try_from(events.len()).expect("a burst is bounded by the in-flight limit");
         let message = self.route_telemetry(events, module_id, now);
-        lane.append_in_order(message, now).await
+        lane.append_in_order(message, count, now).await
     }
 
     /// Locks the next feedback message (C2D-5) for a back-end, if there is one, and tells the

@@ -2,18 +2,21 @@
 //!
 //! A connection's telemetry is appended on one [`super::AppendLane`]; its PUBACKs leave in
 //! the order the messages came. Instead of a one-shot channel and a future per message, each
-//! in-order append takes a ticket in a window shared with the engine's commit callbacks,
-//! which fill their message's place; the connection takes finished places off the front.
+//! in-order append takes a run of tickets (one per message it carries) in a window shared
+//! with the engine's commit callbacks, which fill the run's places; the connection takes
+//! finished places off the front.
 //!
 //! # Invariants
 //! - Tickets are issued in append order, and places leave the window only from the front,
 //!   so [`LaneAcks::poll_next`] yields the results in ticket order, whatever order the
 //!   commits finish in.
-//! - A place is filled at most once (the lane's completion runs once per message).
+//! - A run is filled at most once (the lane's completion runs once per append), all its
+//!   places with the same result: an append is one atomic write.
 //! - A waiting consumer is woken after every fill: the fill and the check for a waker happen
 //!   under one lock, so no fill is missed.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use ferrohub_engine::d2c::D2cError;
@@ -23,7 +26,8 @@ use parking_lot::Mutex;
 enum Place {
     Waiting,
     Done,
-    Failed(D2cError),
+    /// Shared by every place of the failed run.
+    Failed(Arc<D2cError>),
 }
 
 #[derive(Default)]
@@ -34,30 +38,42 @@ struct Window {
     waker: Option<Waker>,
 }
 
+/// Consecutive tickets of one append, one per message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Tickets {
+    pub first: u64,
+    pub count: u32,
+}
+
 /// The ticket window of one lane.
 #[derive(Default)]
 pub struct LaneAcks(Mutex<Window>);
 
 impl LaneAcks {
-    /// A new place at the back; its ticket.
-    pub(super) fn issue(&self) -> u64 {
+    /// `count` new places at the back; their tickets.
+    pub(super) fn issue(&self, count: u32) -> Tickets {
         let mut w = self.0.lock();
-        w.places.push_back(Place::Waiting);
-        w.front + w.places.len() as u64 - 1
+        let first = w.front + w.places.len() as u64;
+        w.places
+            .extend(std::iter::repeat_with(|| Place::Waiting).take(count as usize));
+        Tickets { first, count }
     }
 
-    /// Fills the place of `ticket` and wakes the consumer.
-    pub(super) fn fill(&self, ticket: u64, result: Result<(), D2cError>) {
+    /// Fills the places of `tickets` and wakes the consumer.
+    pub(super) fn fill(&self, tickets: Tickets, result: Result<(), D2cError>) {
+        let result = result.map_err(Arc::new);
         let waker = {
             let mut w = self.0.lock();
-            let Some(index) = ticket.checked_sub(w.front) else {
-                return;
-            };
-            if let Some(place) = w.places.get_mut(index as usize) {
-                *place = match result {
-                    Ok(()) => Place::Done,
-                    Err(e) => Place::Failed(e),
-                };
+            // Places before the front have left already; they cannot be filled twice.
+            let start = tickets.first.saturating_sub(w.front);
+            let end = (tickets.first + u64::from(tickets.count)).saturating_sub(w.front);
+            for index in start..end {
+                if let Some(place) = w.places.get_mut(index as usize) {
+                    *place = match &result {
+                        Ok(()) => Place::Done,
+                        Err(e) => Place::Failed(Arc::clone(e)),
+                    };
+                }
             }
             w.waker.take()
         };
@@ -67,7 +83,7 @@ impl LaneAcks {
     }
 
     /// The result of the front ticket once it is filled.
-    pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Result<(), D2cError>> {
+    pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Result<(), Arc<D2cError>>> {
         let mut w = self.0.lock();
         match w.places.front() {
             Some(Place::Waiting) | None => {
@@ -77,27 +93,24 @@ impl LaneAcks {
                 }
                 Poll::Pending
             }
-            Some(_) => {
-                w.front += 1;
-                let result = match w.places.pop_front() {
-                    Some(Place::Failed(e)) => Err(e),
-                    _ => Ok(()),
-                };
-                Poll::Ready(result)
-            }
+            Some(_) => Poll::Ready(Self::pop_front(&mut w)),
         }
     }
 
     /// The front result if it is filled, without registering a waker.
-    pub fn try_next(&self) -> Option<Result<(), D2cError>> {
+    pub fn try_next(&self) -> Option<Result<(), Arc<D2cError>>> {
         let mut w = self.0.lock();
         if matches!(w.places.front(), Some(Place::Waiting) | None) {
             return None;
         }
+        Some(Self::pop_front(&mut w))
+    }
+
+    fn pop_front(w: &mut Window) -> Result<(), Arc<D2cError>> {
         w.front += 1;
         match w.places.pop_front() {
-            Some(Place::Failed(e)) => Some(Err(e)),
-            _ => Some(Ok(())),
+            Some(Place::Failed(e)) => Err(e),
+            _ => Ok(()),
         }
     }
 
@@ -130,8 +143,8 @@ mod tests {
         let count = Arc::new(Count(AtomicUsize::new(0)));
         let waker = Waker::from(Arc::clone(&count));
         let mut cx = Context::from_waker(&waker);
-        let (a, b, c) = (acks.issue(), acks.issue(), acks.issue());
-        assert_eq!((a, b, c), (0, 1, 2));
+        let (a, b, c) = (acks.issue(1), acks.issue(1), acks.issue(1));
+        assert_eq!((a.first, b.first, c.first), (0, 1, 2));
         assert!(acks.poll_next(&mut cx).is_pending());
         acks.fill(c, Ok(()));
         acks.fill(b, Err(D2cError::NoSuchPartition(7)));
@@ -144,16 +157,53 @@ mod tests {
         assert_eq!(count.0.load(Ordering::SeqCst), 2);
         assert!(matches!(acks.poll_next(&mut cx), Poll::Ready(Ok(()))));
         assert!(matches!(
-            acks.try_next(),
-            Some(Err(D2cError::NoSuchPartition(7)))
+            acks.try_next().map(|r| r.map_err(|e| e.to_string())),
+            Some(Err(e)) if e == D2cError::NoSuchPartition(7).to_string()
         ));
         assert!(matches!(acks.poll_next(&mut cx), Poll::Ready(Ok(()))));
         assert!(acks.try_next().is_none());
         // Tickets go on from where they were.
-        assert_eq!(acks.issue(), 3);
-        acks.fill(3, Ok(()));
+        let d = acks.issue(1);
+        assert_eq!(d.first, 3);
+        acks.fill(d, Ok(()));
         assert!(matches!(acks.try_next(), Some(Ok(()))));
         acks.release_if_empty();
-        assert_eq!(acks.issue(), 4);
+        assert_eq!(acks.issue(1).first, 4);
+    }
+
+    #[test]
+    fn a_run_of_tickets_is_filled_at_once_and_leaves_one_place_at_a_time() {
+        let acks = LaneAcks::default();
+        let single = acks.issue(1);
+        let run = acks.issue(3);
+        let after = acks.issue(2);
+        assert_eq!(run, Tickets { first: 1, count: 3 });
+        assert_eq!(after.first, 4);
+        acks.fill(run, Err(D2cError::NoSuchPartition(2)));
+        assert!(
+            acks.try_next().is_none(),
+            "the single ticket before the run is open"
+        );
+        acks.fill(after, Ok(()));
+        acks.fill(single, Ok(()));
+        let results: Vec<_> = std::iter::from_fn(|| acks.try_next())
+            .map(|r| r.map_err(|e| e.to_string()))
+            .collect();
+        let failed = Err(D2cError::NoSuchPartition(2).to_string());
+        assert_eq!(
+            results,
+            vec![
+                Ok(()),
+                failed.clone(),
+                failed.clone(),
+                failed,
+                Ok(()),
+                Ok(())
+            ]
+        );
+        // A run filled again after it left changes nothing.
+        acks.fill(run, Ok(()));
+        assert!(acks.try_next().is_none());
+        assert_eq!(acks.issue(1).first, 6);
     }
 }

@@ -124,7 +124,7 @@ impl Answers {
 
     fn take_front(
         &mut self,
-        telemetry: impl FnOnce() -> Poll<Result<(), ferrohub_engine::d2c::D2cError>>,
+        telemetry: impl FnOnce() -> Poll<Result<(), std::sync::Arc<ferrohub_engine::d2c::D2cError>>>,
     ) -> Poll<Option<Answer>> {
         let answer = match self.order.front() {
             None => return Poll::Ready(None),

@@ -17,11 +17,11 @@
 //! - C2D messages are fetched (locked) only while the session subscribes to them, at most
 //!   [`super::c2d::WINDOW`] at a time; see [`super::c2d`] for completion and settlement.
 
+use std::task::Poll;
 use std::time::Duration;
 
 use ferrohub_engine::sessions::SessionRecord;
 use futures::{Future, FutureExt, SinkExt, StreamExt};
-use mqtt::control::{ConnectReturnCode, ProtocolLevel};
 use mqtt::packet::*;
 use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -31,21 +31,24 @@ use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 
 use super::answers::{Answer, Answers, Packets};
-use super::authenticate::{authenticate, Authenticated};
+use super::authenticate::Authenticated;
+use super::burst::TelemetryBurst;
 use super::c2d::{Delivery, SettleMode};
 use super::codec::{CodecError, MqttCodec};
-use super::lifecycle::{finish, mark_retained, publish_will, stage_connection};
+use super::lifecycle::{finish, mark_retained, publish_will};
 use super::property_bag;
 use super::stop_signal::{Stop, StopSignal};
 use super::topics::{self, Feature, Inbound};
 use super::twin;
-use crate::hub::connections::{MethodRequestOut, Outbound, Registration, OUTBOUND_QUEUE};
+use crate::hub::connections::{MethodRequestOut, Outbound, Registration};
 use crate::hub::methods::MethodAnswer;
 use crate::hub::{AppendLane, HubContext};
 use crate::telemetry::{self, DeviceMessage};
-use subscriptions::subscribes_methods;
 
+mod open;
 mod subscriptions;
+
+use open::{open, Opened};
 
 /// Largest MQTT packet: a 256 KB message plus its topic and property bag.
 pub const MAX_PACKET: usize = 256 * 1024 + 64 * 1024;
@@ -96,6 +99,8 @@ struct Connection<IO> {
     persistent: bool,
     /// Answers owed, in the order of the requests.
     pending: Answers,
+    /// Telemetry of the current read burst, not yet appended.
+    burst: TelemetryBurst,
     outbound: mpsc::Receiver<Outbound>,
     /// Published to `Connections` so method callers see whether this session takes methods.
     methods_flag: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -109,11 +114,6 @@ struct Connection<IO> {
     /// Metric handles, looked up once per connection rather than once per message.
     puback_seconds: metrics::Histogram,
     d2c_bytes: metrics::Counter,
-}
-
-fn keep_alive_timeout(keep_alive: u16) -> Option<Duration> {
-    (keep_alive > 0)
-        .then(|| Duration::from_millis(keep_alive as u64 * 1500).min(MAX_KEEP_ALIVE_TIMEOUT))
 }
 
 /// Serves one connection until it ends.
@@ -166,182 +166,6 @@ where
 /// Takes a value out of its box and frees the box.
 fn unbox<T>(boxed: Box<T>) -> T {
     *boxed
-}
-
-/// What an accepted CONNECT leaves for the rest of the connection.
-struct Opened<IO> {
-    conn: Connection<IO>,
-    registration: Registration,
-    /// The Will: topic, payload and retain flag.
-    will: Option<(String, Vec<u8>, bool)>,
-    keep_alive: Option<Duration>,
-    /// The open-connections gauge of this transport.
-    open: metrics::Gauge,
-}
-
-/// Reads and answers the CONNECT: throttle, authentication, session; `None` when the
-/// connection ends here (refused, or the client went away).
-async fn open<IO>(io: IO, peer: PeerInfo, ctx: HubContext) -> Option<Box<Opened<IO>>>
-where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    // Buffers start small and grow with the traffic, so an idle device costs little; writes
-    // are still flushed in batches of up to WRITE_BATCH bytes.
-    let mut framed = Framed::with_capacity(io, MqttCodec::new(MAX_PACKET), BUFFER_START);
-    framed.set_backpressure_boundary(WRITE_BATCH);
-    let connect = match tokio::time::timeout(ctx.timeouts.mqtt_connect, framed.next()).await {
-        Ok(Some(Ok(VariablePacket::ConnectPacket(c)))) => c,
-        Ok(Some(Ok(other))) => {
-            tracing::debug!(peer = %peer.addr, packet = ?other, "first packet was not CONNECT");
-            return None;
-        }
-        Ok(Some(Err(e))) => {
-            tracing::debug!(peer = %peer.addr, error = %e, "malformed first packet");
-            return None;
-        }
-        Ok(None) => return None,
-        Err(_) => {
-            tracing::info!(peer = %peer.addr, transport = peer.transport, "no complete CONNECT within {:?}: closed", ctx.timeouts.mqtt_connect);
-            return None;
-        }
-    };
-    // A wrong protocol version, or the device-connection throttle (THR-1): a throttled CONNECT
-    // is CONNACK 3, which the SDKs retry with back-off.
-    let refusal = if connect.protocol_level() != ProtocolLevel::Version311
-        || connect.protocol_name() != "MQTT"
-    {
-        Some(ConnectReturnCode::UnacceptableProtocolVersion)
-    } else if let Err(t) = ctx
-        .throttles
-        .admit(crate::hub::throttle::Operation::DeviceConnection)
-        .await
-    {
-        tracing::info!(peer = %peer.addr, client_id = connect.client_identifier(), retry_after = ?t.retry_after, "CONNECT throttled");
-        Some(ConnectReturnCode::ServiceUnavailable)
-    } else {
-        None
-    };
-    if let Some(code) = refusal {
-        let _ = framed.send(ConnackPacket::new(false, code)).await;
-        return None;
-    }
-    let auth = match authenticate(
-        &ctx,
-        connect.client_identifier(),
-        connect.user_name(),
-        connect.password(),
-        peer.client_cert.as_ref(),
-    )
-    .await
-    {
-        Ok(a) => a,
-        Err(refusal) => {
-            tracing::info!(peer = %peer.addr, client_id = connect.client_identifier(), %refusal, "CONNECT refused");
-            let _ = framed.send(ConnackPacket::new(false, refusal.code())).await;
-            return None;
-        }
-    };
-    // A device refused for D2C excess stays away for its retry-after (THR-2).
-    if let Some(wait) = ctx.throttles.d2c.penalty(&auth.who.device_id) {
-        tracing::info!(peer = %peer.addr, client_id = connect.client_identifier(), retry_after = ?wait, "CONNECT refused: the device is held back for D2C excess");
-        let _ = framed
-            .send(ConnackPacket::new(
-                false,
-                ConnectReturnCode::ServiceUnavailable,
-            ))
-            .await;
-        return None;
-    }
-    let client_id = auth.who.client_id();
-    let (outbound_tx, outbound) = mpsc::channel(OUTBOUND_QUEUE);
-    let registration = ctx.connections.register(&auth.who, outbound_tx);
-
-    let persistent = !connect.clean_session();
-    // The session and the "connected" state in one trip to the store: each trip is two thread
-    // wake-ups, which cost a connect more than the engine work itself (issue 19).
-    let stored = {
-        let id = client_id.clone();
-        let who = auth.who.clone();
-        let now = ctx.clock.now();
-        ctx.store
-            .run(move |s| {
-                let session = if persistent {
-                    s.load_session(&id)?
-                } else {
-                    s.delete_session(&id)?;
-                    None
-                };
-                stage_connection(s, &who, true, now);
-                Ok::<_, ferrohub_engine::StorageError>(session)
-            })
-            .await
-    };
-    let (session, present) = match stored {
-        Ok(Some(s)) => (s, true),
-        Ok(None) => (SessionRecord::default(), false),
-        Err(e) => {
-            tracing::error!(%client_id, error = %e, "cannot load session");
-            let _ = framed
-                .send(ConnackPacket::new(
-                    false,
-                    ConnectReturnCode::ServiceUnavailable,
-                ))
-                .await;
-            return None;
-        }
-    };
-    let settle_mode = SettleMode::from_username(connect.user_name());
-    let will = connect
-        .will()
-        .map(|(topic, payload)| (topic.to_string(), payload.to_vec(), connect.will_retain()));
-    if framed
-        .send(ConnackPacket::new(
-            present,
-            ConnectReturnCode::ConnectionAccepted,
-        ))
-        .await
-        .is_err()
-    {
-        finish(&ctx, &auth, &registration).await;
-        return None;
-    }
-    tracing::info!(%client_id, peer = %peer.addr, transport = peer.transport, persistent, "connected");
-    let open = metrics::gauge!("ferrohub_connections", "protocol" => "mqtt", "transport" => peer.transport);
-    open.increment(1.0);
-
-    registration.methods.store(
-        subscribes_methods(&session, &auth.who),
-        std::sync::atomic::Ordering::Release,
-    );
-    let lane = ctx.telemetry_lane();
-    let conn = Connection {
-        framed,
-        ctx,
-        auth: auth.clone(),
-        session,
-        persistent,
-        pending: Answers::default(),
-        outbound,
-        methods_flag: std::sync::Arc::clone(&registration.methods),
-        c2d: Delivery::new(
-            settle_mode,
-            auth.who.device_id.clone(),
-            std::sync::Arc::clone(&registration.c2d),
-        ),
-        lane,
-        held: Duration::ZERO,
-        last_held: None,
-        sender_mark: Default::default(),
-        puback_seconds: metrics::histogram!("ferrohub_mqtt_puback_seconds"),
-        d2c_bytes: metrics::counter!("ferrohub_d2c_bytes_total"),
-    };
-    Some(Box::new(Opened {
-        conn,
-        registration,
-        will,
-        keep_alive: keep_alive_timeout(connect.keep_alive()),
-        open,
-    }))
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
@@ -423,7 +247,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                         Some(Err(e)) => return End::Violation(e.to_string()),
                         Some(Ok(p)) => {
                             self.shrink_buffers();
-                            if let Some(end) = Box::pin(self.on_packet(p)).await { return end; }
+                            if let Some(end) = Box::pin(self.on_burst(p)).await { return end; }
                         }
                     }
                 }
@@ -527,11 +351,63 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         *self.framed.read_buffer_mut() = bytes::BytesMut::new();
         *self.framed.write_buffer_mut() = bytes::BytesMut::new();
         self.pending.release_if_empty(&self.lane);
+        self.burst.release();
         metrics::counter!("ferrohub_mqtt_idle_buffer_releases_total").increment(1);
         true
     }
 
+    /// Handles `first` and the packets already read behind it, then appends their telemetry
+    /// as one write (see [`TelemetryBurst`]). Whatever ends the connection, the telemetry
+    /// admitted before it is appended.
+    async fn on_burst(&mut self, first: VariablePacket) -> Option<End> {
+        let mut packet = first;
+        let end = loop {
+            if let Some(end) = self.on_packet(packet).await {
+                break Some(end);
+            }
+            if self.pending.len() + self.burst.len() >= MAX_INFLIGHT {
+                break None;
+            }
+            // Polled with this task's waker: when nothing is buffered, the socket is left
+            // registered for the serving loop's next poll, as that poll would have.
+            let next = std::future::poll_fn(|cx| Poll::Ready(self.framed.poll_next_unpin(cx)));
+            packet = match next.await {
+                Poll::Ready(Some(Ok(p))) => p,
+                Poll::Pending => break None,
+                Poll::Ready(None | Some(Err(CodecError::Io(_)))) => break Some(End::Closed),
+                Poll::Ready(Some(Err(e))) => break Some(End::Violation(e.to_string())),
+            };
+        };
+        self.append_burst().await;
+        end
+    }
+
+    /// Appends the burst's telemetry and queues a PUBACK for each message.
+    async fn append_burst(&mut self) {
+        let Some(taken) = self.burst.take() else {
+            return;
+        };
+        // Waits here, suspending only this connection, while the hub admits no more writes
+        // (a stalled disk); then the append proceeds behind the seam.
+        let module_id = self.auth.who.module_id.clone();
+        let waited = self
+            .ctx
+            .append_telemetry_in_order(&self.lane, taken.events, module_id, taken.now)
+            .await;
+        let admitted = if waited {
+            Instant::now()
+        } else {
+            taken.received
+        };
+        for pkid in self.burst.owed() {
+            self.pending.push_telemetry(pkid, taken.received, admitted);
+        }
+    }
+
     async fn on_packet(&mut self, packet: VariablePacket) -> Option<End> {
+        if !matches!(packet, VariablePacket::PublishPacket(_)) {
+            self.append_burst().await;
+        }
         match packet {
             VariablePacket::PublishPacket(p) => self.on_publish(p).await,
             // Rare packets run boxed, so their futures do not size every connection's task.
@@ -560,13 +436,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
             Ok(i) => i,
             Err(e) => return Some(End::Violation(e.to_string())),
         };
+        if !matches!(inbound, Inbound::Telemetry { .. }) {
+            self.append_burst().await;
+        }
         match inbound {
             Inbound::Telemetry { bag } => {
                 if let Some(end) = self.admit_telemetry(p.payload().len()).await {
                     return Some(end);
                 }
-                let received = Instant::now();
-                let now = self.ctx.clock.now();
                 let properties = match property_bag::parse(bag) {
                     Ok(props) => props,
                     Err(e) => return Some(End::Violation(e.to_string())),
@@ -582,15 +459,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     Ok(e) => e,
                     Err(e) => return Some(End::Violation(e.to_string())),
                 };
-                // Waits here, suspending only this connection, while the hub admits no more
-                // writes (a stalled disk); then the append proceeds behind the seam.
-                let module_id = self.auth.who.module_id.clone();
-                let waited = self
-                    .ctx
-                    .append_telemetry_in_order(&self.lane, vec![event], module_id, now)
-                    .await;
-                let admitted = if waited { Instant::now() } else { received };
-                self.pending.push_telemetry(pkid, received, admitted);
+                let clock = &self.ctx.clock;
+                self.burst.push(pkid, event, || clock.now());
                 None
             }
             Inbound::TwinGet { rid } => {

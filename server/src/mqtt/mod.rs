@@ -5,6 +5,7 @@
 
 mod answers;
 pub mod authenticate;
+mod burst;
 pub mod c2d;
 pub mod codec;
 pub mod connection;
