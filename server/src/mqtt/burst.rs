@@ -23,6 +23,8 @@ pub(super) struct TelemetryBurst {
     owed: Vec<Option<u16>>,
     /// When the first message was taken: the burst's arrival, in monotonic and wall time.
     arrived: Option<(Instant, UnixMillis)>,
+    /// Payload bytes of the messages, counted once per burst (a shared counter).
+    bytes: u64,
 }
 
 /// A burst taken for its append.
@@ -30,6 +32,8 @@ pub(super) struct Taken {
     pub events: Vec<NewEvent>,
     pub received: Instant,
     pub now: UnixMillis,
+    /// Payload bytes of the burst's messages.
+    pub bytes: u64,
 }
 
 impl TelemetryBurst {
@@ -37,16 +41,19 @@ impl TelemetryBurst {
         self.owed.len()
     }
 
-    /// Adds a message; `wall_now` is read only for a burst's first message.
+    /// Adds a message of `bytes` payload bytes; `wall_now` is read only for a burst's first
+    /// message.
     pub(super) fn push(
         &mut self,
         pkid: Option<u16>,
         event: NewEvent,
+        bytes: usize,
         wall_now: impl FnOnce() -> UnixMillis,
     ) {
         if self.arrived.is_none() {
             self.arrived = Some((Instant::now(), wall_now()));
         }
+        self.bytes += bytes as u64;
         self.events.push(event);
         self.owed.push(pkid);
     }
@@ -59,6 +66,7 @@ impl TelemetryBurst {
             events: std::mem::take(&mut self.events),
             received,
             now,
+            bytes: std::mem::take(&mut self.bytes),
         })
     }
 
@@ -94,22 +102,26 @@ mod tests {
         assert!(burst.take().is_none(), "nothing to append");
         let mut reads = 0;
         for (i, body) in ["a", "b", "c"].into_iter().enumerate() {
-            burst.push(Some(i as u16 + 1), event(body), || {
+            burst.push(Some(i as u16 + 1), event(body), body.len(), || {
                 reads += 1;
                 UnixMillis(7)
             });
         }
-        burst.push(None, event("d"), || UnixMillis(8));
+        burst.push(None, event("dd"), 2, || UnixMillis(8));
         assert_eq!((burst.len(), reads), (4, 1));
         let taken = burst.take().expect("four messages");
-        assert_eq!(taken.now, UnixMillis(7));
+        assert_eq!((taken.now, taken.bytes), (UnixMillis(7), 5));
         let bodies: Vec<_> = taken.events.iter().map(|e| e.body.clone()).collect();
-        assert_eq!(bodies, [b"a", b"b", b"c", b"d"].map(|b| b.to_vec()));
+        let expected: [&[u8]; 4] = [b"a", b"b", b"c", b"dd"];
+        assert_eq!(bodies, expected.map(|b| b.to_vec()));
         let owed: Vec<_> = burst.owed().collect();
         assert_eq!(owed, [Some(1), Some(2), Some(3), None]);
         assert_eq!(burst.len(), 0);
         assert!(burst.take().is_none());
-        burst.push(Some(9), event("e"), || UnixMillis(9));
-        assert_eq!(burst.take().map(|t| t.now), Some(UnixMillis(9)));
+        burst.push(Some(9), event("e"), 1, || UnixMillis(9));
+        assert_eq!(
+            burst.take().map(|t| (t.now, t.bytes)),
+            Some((UnixMillis(9), 1))
+        );
     }
 }

@@ -387,6 +387,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         let Some(taken) = self.burst.take() else {
             return;
         };
+        self.d2c_bytes.increment(taken.bytes);
         // Waits here, suspending only this connection, while the hub admits no more writes
         // (a stalled disk); then the append proceeds behind the seam.
         let module_id = self.auth.who.module_id.clone();
@@ -460,7 +461,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     Err(e) => return Some(End::Violation(e.to_string())),
                 };
                 let clock = &self.ctx.clock;
-                self.burst.push(pkid, event, || clock.now());
+                self.burst
+                    .push(pkid, event, p.payload().len(), || clock.now());
                 None
             }
             Inbound::TwinGet { rid } => {
@@ -566,7 +568,6 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 )))
             }
         }
-        self.d2c_bytes.increment(bytes as u64);
         None
     }
 
