@@ -21,10 +21,10 @@ fn event(device: u64) -> NewEvent {
         device_id: format!("dev-{device}"),
         endpoints: None,
         system_properties: vec![
-            ("message-id".into(), format!("m-{device}")),
+            ("message-id".into(), format!("m-{device}").into()),
             (
                 "iothub-connection-device-id".into(),
-                format!("dev-{device}"),
+                format!("dev-{device}").into(),
             ),
         ],
         application_properties: vec![("k".into(), "v".into())],

@@ -116,21 +116,21 @@ pub fn to_event(
     for (key, value) in msg.properties {
         let value = value.unwrap_or_default();
         if let Some((_, name)) = DEVICE_SYSTEM_PROPERTIES.iter().find(|(k, _)| *k == key) {
-            system.push((name.to_string(), value));
+            system.push(((*name).into(), value.into()));
         } else if !STAMPED.contains(&key.as_str()) {
             application.push((key, value));
         }
     }
     system.push((
         "iothub-connection-device-id".into(),
-        identity.device_id.clone(),
+        identity.device_id.clone().into(),
     ));
     if let Some(m) = &identity.module_id {
-        system.push(("iothub-connection-module-id".into(), m.clone()));
+        system.push(("iothub-connection-module-id".into(), m.clone().into()));
     }
     system.push((
         "iothub-connection-auth-generation-id".into(),
-        identity.generation_id.clone(),
+        identity.generation_id.clone().into(),
     ));
     system.push(("iothub-connection-auth-method".into(), auth.json().into()));
     system.push(("iothub-message-source".into(), "Telemetry".into()));

@@ -16,6 +16,8 @@
 //!   deletion raise it, and table files wholly below every partition's `begin` are dropped
 //!   (keys and segments: the `segments` module).
 
+use std::borrow::Cow;
+
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
@@ -88,11 +90,16 @@ struct D2cEventRef<'a> {
     sequence_number: u64,
     offset: u64,
     enqueued_time: UnixMillis,
-    system_properties: &'a [(String, String)],
+    system_properties: &'a [SystemProperty],
     application_properties: &'a [(String, String)],
     #[serde(with = "serde_bytes")]
     body: &'a [u8],
 }
+
+/// A system property of a new event, by its wire name. Most names and some values are fixed
+/// strings (`iothub-message-source: Telemetry`), so they are borrowed rather than allocated
+/// for every message; stored, they encode as any string does.
+pub type SystemProperty = (Cow<'static, str>, Cow<'static, str>);
 
 /// An event to append; the engine assigns partition, sequence number, offset and time.
 #[derive(Debug, Clone, Default)]
@@ -102,7 +109,7 @@ pub struct NewEvent {
     /// Where the event goes: `None` is the built-in endpoint only; an empty list is nowhere
     /// (routed away); otherwise one copy per endpoint.
     pub endpoints: Option<Vec<EndpointSlot>>,
-    pub system_properties: Vec<(String, String)>,
+    pub system_properties: Vec<SystemProperty>,
     pub application_properties: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
@@ -111,8 +118,11 @@ impl NewEvent {
     /// About the stored payload's size: the body, each property with its MessagePack framing,
     /// and the field names and numbers around them.
     fn encoded_size_hint(&self) -> usize {
-        let props =
-            |v: &[(String, String)]| v.iter().map(|(k, v)| k.len() + v.len() + 4).sum::<usize>();
+        fn props<K: AsRef<str>, V: AsRef<str>>(v: &[(K, V)]) -> usize {
+            v.iter()
+                .map(|(k, v)| k.as_ref().len() + v.as_ref().len() + 4)
+                .sum()
+        }
         self.body.len() + props(&self.system_properties) + props(&self.application_properties) + 160
     }
 }
@@ -754,12 +764,14 @@ mod tests {
             application_properties: vec![("k".into(), "v".into()), ("x".into(), "".into())],
             body: b"{\"t\":21.5}".to_vec(),
         };
+        // Borrowed and owned property strings alike, as an appended event holds them.
+        let system: Vec<SystemProperty> = vec![("message-id".into(), String::from("m1").into())];
         let borrowed = D2cEventRef {
             partition: event.partition,
             sequence_number: event.sequence_number,
             offset: event.offset,
             enqueued_time: event.enqueued_time,
-            system_properties: &event.system_properties,
+            system_properties: &system,
             application_properties: &event.application_properties,
             body: &event.body,
         };

@@ -6,7 +6,7 @@
 //! - Connection state events carry the record's hub-wide sequence number as 64 upper-case hex
 //!   digits: strictly increasing, also across restarts, and comparable as strings.
 
-use ferrohub_engine::d2c::NewEvent;
+use ferrohub_engine::d2c::{NewEvent, SystemProperty};
 use ferrohub_engine::notifications::{EventSource, Notification, NotificationOp};
 use ferrohub_engine::UnixMillis;
 use serde_json::{Map, Value};
@@ -51,24 +51,24 @@ fn format_times(value: &mut Value) {
 pub fn to_event(n: &Notification, hub_name: &str) -> NewEvent {
     let source = n.op.source();
     let (message_source, schema) = source_names(source);
-    let mut system = vec![
-        ("content-type".to_string(), "application/json".to_string()),
-        ("content-encoding".to_string(), "utf-8".to_string()),
+    let mut system: Vec<SystemProperty> = vec![
+        ("content-type".into(), "application/json".into()),
+        ("content-encoding".into(), "utf-8".into()),
         (
-            "correlation-id".to_string(),
-            format!("{:011x}", rand::random::<u64>() & 0xfff_ffff_ffff),
+            "correlation-id".into(),
+            format!("{:011x}", rand::random::<u64>() & 0xfff_ffff_ffff).into(),
         ),
-        ("user-id".to_string(), hub_name.to_string()),
+        ("user-id".into(), hub_name.to_string().into()),
         (
-            "iothub-connection-device-id".to_string(),
-            n.device_id.clone(),
+            "iothub-connection-device-id".into(),
+            n.device_id.clone().into(),
         ),
     ];
     if let (Some(m), false) = (
         &n.module_id,
         source == EventSource::DeviceConnectionStateEvents,
     ) {
-        system.push(("iothub-connection-module-id".into(), m.clone()));
+        system.push(("iothub-connection-module-id".into(), m.clone().into()));
     }
     system.push(("iothub-message-source".into(), message_source.into()));
     let mut application = vec![

@@ -95,7 +95,7 @@ impl<'a> EventView<'a> {
             .system_properties
             .iter()
             .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| v.as_ref())
     }
 
     /// The twin value at `path` (`tags.x`, `properties.reported.y`), if defined.
