@@ -294,3 +294,59 @@ fn segment_switches_leave_old_wal_files_free_to_recycle() {
     let got = store.read_events(0, ReadPosition::Start, 1_000).unwrap();
     assert_eq!(got.len(), 600);
 }
+
+/// A `d2c_log` table file holds blocks of about 64 KiB of events (RocksDB's default is 4 KiB):
+/// fewer blocks make each memtable flush cheaper.
+#[test]
+fn event_tables_are_written_in_large_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = common::open(dir.path());
+        // Bodies that barely compress, so block sizes are what the table properties say.
+        let mut x = 0x9e37_79b9_u32;
+        for chunk in 0..40 {
+            let events = (0..100)
+                .map(|_| {
+                    let body = (0..600)
+                        .map(|_| {
+                            x ^= x << 13;
+                            x ^= x >> 17;
+                            x ^= x << 5;
+                            x as u8
+                        })
+                        .collect();
+                    ev("dev-a", body)
+                })
+                .collect();
+            store.append_events(events, UnixMillis(chunk)).unwrap();
+        }
+        // A clean close flushes the memtables into table files (opened raw, the WAL would be
+        // replayed into a table written with RocksDB's default options).
+        store.close().unwrap();
+    }
+    let db = common::raw_db(dir.path());
+    let cf = db.cf_handle("d2c_log").unwrap();
+    let props = db
+        .property_value_cf(cf, "rocksdb.aggregated-table-properties")
+        .unwrap()
+        .unwrap();
+    let field = |name: &str| -> u64 {
+        let at = props
+            .find(&format!("{name}="))
+            .unwrap_or_else(|| panic!("{name} in {props}"));
+        let rest = &props[at + name.len() + 1..];
+        rest[..rest.find(';').unwrap_or(rest.len())]
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (blocks, raw) = (
+        field("# data blocks"),
+        field("raw key size") + field("raw value size"),
+    );
+    assert!(raw > 2_000_000, "{props}");
+    assert!(
+        raw / blocks >= 48 << 10,
+        "{blocks} blocks for {raw} bytes of events: {props}"
+    );
+}
