@@ -32,11 +32,19 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
 /// [`encode`] into a buffer sized for `payload_hint` bytes of payload, so a record whose size
 /// the caller can estimate (a D2C event: its body and properties) is encoded without growing.
 pub fn encode_sized<T: Serialize + ?Sized>(value: &T, payload_hint: usize) -> Vec<u8> {
+    encode_sized_with(payload_hint, |out| {
+        // Encoding our own plain data types into a Vec cannot fail: no I/O, no maps with
+        // non-string keys, no unsupported types. A failure here is a programming error.
+        rmp_serde::encode::write_named(out, value).expect("record types always encode");
+    })
+}
+
+/// Frames the MessagePack payload that `write` appends to the buffer it is given: for a hot
+/// record type with an encoder of its own, which must write what [`encode`] would.
+pub fn encode_sized_with(payload_hint: usize, write: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + payload_hint);
     out.extend_from_slice(&[0; HEADER_LEN]);
-    // Encoding our own plain data types into a Vec cannot fail: no I/O, no maps with
-    // non-string keys, no unsupported types. A failure here is a programming error.
-    rmp_serde::encode::write_named(&mut out, value).expect("record types always encode");
+    write(&mut out);
     let crc = crc32fast::hash(&out[HEADER_LEN..]);
     out[..HEADER_LEN].copy_from_slice(&crc.to_be_bytes());
     out

@@ -20,8 +20,9 @@ use std::borrow::Cow;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+use smallvec::{smallvec, SmallVec};
 
-use ferrohub_migrations::{cf, record};
+use ferrohub_migrations::cf;
 
 use crate::error::{StorageError, ValidationError};
 use crate::keys;
@@ -30,6 +31,7 @@ use crate::raw::{Batch, Raw};
 use crate::slots::Endpoint;
 use segments::Segments;
 
+mod encode;
 mod heads;
 mod retention;
 mod segments;
@@ -367,10 +369,12 @@ impl Store {
             },
         };
         let live = |s: &EndpointSlot| *s == builtin || endpoints.iter().any(|e| e.slot == *s);
-        let targets: Vec<Vec<u16>> = events
+        // Most events go to the built-in endpoint alone: their one partition needs no
+        // allocation.
+        let targets: Vec<SmallVec<[u16; 2]>> = events
             .iter()
             .map(|e| match &e.endpoints {
-                None => vec![builtin.partition_of(&e.device_id)],
+                None => smallvec![builtin.partition_of(&e.device_id)],
                 Some(slots) => slots
                     .iter()
                     .filter(|s| live(s))
@@ -400,7 +404,9 @@ impl Store {
         let segments = &self.partitions().segments;
         let segment = segments.current();
         let mut staged_bytes = 0u64;
-        let mut batch = Batch::default();
+        // One put per copy of an event, and at most one segment index entry per partition.
+        let copies: usize = targets.iter().map(SmallVec::len).sum();
+        let mut batch = Batch::with_capacity(copies + wanted.len());
         let mut out = Vec::with_capacity(events.len());
         for (ev, ps) in events.iter().zip(targets) {
             for p in ps {
@@ -419,7 +425,7 @@ impl Store {
                     application_properties: &ev.application_properties,
                     body: &ev.body,
                 };
-                let framed = record::encode_sized(&event, ev.encoded_size_hint());
+                let framed = event.encode_framed(ev.encoded_size_hint());
                 if head.segment != Some(segment) {
                     segments.note_first(&mut batch, p, event.sequence_number, segment);
                 }
@@ -752,6 +758,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferrohub_migrations::record;
 
     #[test]
     fn a_borrowed_event_encodes_as_the_stored_one() {

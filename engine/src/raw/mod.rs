@@ -77,6 +77,14 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// An empty batch with room for `ops` operations.
+    pub(crate) fn with_capacity(ops: usize) -> Batch {
+        Batch {
+            ops: Vec::with_capacity(ops),
+            ..Batch::default()
+        }
+    }
+
     pub(crate) fn put_record<T: serde::Serialize>(
         &mut self,
         cf: &'static str,
