@@ -227,6 +227,13 @@ impl HubContext {
         module_id: Option<ModuleId>,
         now: UnixMillis,
     ) -> Message {
+        // The common table (no device routes): the events stay as they came, with no
+        // endpoints named, which is the built-in endpoint alone.
+        if self.routing.sends_device_messages_to_builtin_only()
+            && events.iter().all(|e| e.endpoints.is_none())
+        {
+            return Message::Routed(events);
+        }
         let mut routed = Vec::with_capacity(events.len());
         let mut events = events.into_iter();
         while let Some(event) = events.next() {

@@ -63,6 +63,9 @@ struct CompiledEnrichment {
 pub struct Table {
     /// Some device-message route condition or enrichment reads `$twin`.
     reads_twins: bool,
+    /// Every device message goes to the built-in endpoint alone, unchanged (see
+    /// [`Router::sends_device_messages_to_builtin_only`]).
+    builtin_only: bool,
     routes: Vec<CompiledRoute>,
     fallback: bool,
     enrichments: Vec<CompiledEnrichment>,
@@ -173,8 +176,16 @@ pub fn compile(
         || enrichments
             .iter()
             .any(|e| matches!(e.value, EnrichValue::Twin(_)));
+    let builtin_only = config.fallback_enabled
+        && !routes
+            .iter()
+            .any(|r| r.enabled && r.source == EventSource::DeviceMessages)
+        && !enrichments
+            .iter()
+            .any(|e| e.endpoints.iter().any(|n| n == BUILTIN_ENDPOINT));
     Ok(Table {
         reads_twins,
+        builtin_only,
         routes,
         fallback: config.fallback_enabled,
         enrichments,
@@ -228,6 +239,14 @@ impl Router {
     ) -> Vec<NewEvent> {
         let table = Arc::clone(&self.table.read());
         self.route_by(&table, twins, event, module_id, source, enqueued)
+    }
+
+    /// Whether the current table sends every device message to the built-in endpoint alone
+    /// and unchanged: no enabled device-message route, the fallback route on, no enrichment
+    /// for the built-in endpoint. Such messages need no routing: an event whose endpoints are
+    /// `None` goes to the built-in endpoint, as the fallback route would send it.
+    pub fn sends_device_messages_to_builtin_only(&self) -> bool {
+        self.table.read().builtin_only
     }
 
     /// Routes a device message when the current table reads no twin, so no storage is
@@ -379,6 +398,41 @@ mod tests {
             application_properties: vec![("level".into(), "high".into())],
             ..NewEvent::default()
         }
+    }
+
+    #[test]
+    fn only_a_table_without_device_routes_or_builtin_enrichment_skips_routing() {
+        assert!(router(&[], None).sends_device_messages_to_builtin_only());
+        // A disabled route is never evaluated.
+        let disabled = router(&[("level = 'high'", false)], None);
+        assert!(disabled.sends_device_messages_to_builtin_only());
+        let enabled = router(&[("level = 'high'", true)], None);
+        assert!(!enabled.sends_device_messages_to_builtin_only());
+        let enriched = router(&[], Some("static"));
+        assert!(!enriched.sends_device_messages_to_builtin_only());
+        let no_fallback = RoutingConfig {
+            fallback_enabled: false,
+            ..RoutingConfig::default()
+        };
+        let slot = |_: &str| {
+            Some(EndpointSlot {
+                base: 0,
+                partitions: 4,
+                id: 0,
+            })
+        };
+        let dropping = Router::new(compile(&no_fallback, &slot).expect("compiles"), "hub");
+        assert!(!dropping.sends_device_messages_to_builtin_only());
+        // What routing itself does with such a table: the message, unchanged, to one endpoint.
+        let routed = router(&[], None)
+            .route_without_store(message(), None, UnixMillis(1))
+            .expect("no twin read");
+        assert_eq!(routed.len(), 1);
+        assert_eq!(
+            routed[0].application_properties,
+            message().application_properties
+        );
+        assert_eq!(routed[0].endpoints.as_ref().map(Vec::len), Some(1));
     }
 
     #[test]
