@@ -26,6 +26,7 @@ mod m0005_c2d;
 mod m0006_twin_index;
 pub mod m0007_d2c_segments;
 mod m0008_heads_from_log;
+mod m0009_d2c_packs;
 
 /// Column family names as they exist on disk. Steps and the engine use these constants only.
 pub mod cf {
@@ -146,6 +147,7 @@ pub const MIGRATIONS: &[Migration] = &[
     m0006_twin_index::MIGRATION,
     m0007_d2c_segments::MIGRATION,
     m0008_heads_from_log::MIGRATION,
+    m0009_d2c_packs::MIGRATION,
 ];
 
 /// The version this build writes.

@@ -43,11 +43,43 @@ pub fn encode_sized<T: Serialize + ?Sized>(value: &T, payload_hint: usize) -> Ve
 /// record type with an encoder of its own, which must write what [`encode`] would.
 pub fn encode_sized_with(payload_hint: usize, write: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + payload_hint);
-    out.extend_from_slice(&[0; HEADER_LEN]);
-    write(&mut out);
-    let crc = crc32fast::hash(&out[HEADER_LEN..]);
-    out[..HEADER_LEN].copy_from_slice(&crc.to_be_bytes());
+    append_framed(&mut out, write);
     out
+}
+
+/// Appends to `out` the frame of the payload `write` appends, as [`encode_sized_with`] would
+/// write it alone; returns the frame's length. For records that hold several frames in a row
+/// (see [`decode_first`]).
+pub fn append_framed(out: &mut Vec<u8>, write: impl FnOnce(&mut Vec<u8>)) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0; HEADER_LEN]);
+    write(out);
+    let crc = crc32fast::hash(&out[start + HEADER_LEN..]);
+    out[start..start + HEADER_LEN].copy_from_slice(&crc.to_be_bytes());
+    out.len() - start
+}
+
+/// Decodes the frame at the start of `bytes`, which may go on with further frames, and
+/// returns the value with the frame's length. The payload's end is where its MessagePack
+/// value ends; the checksum is checked over exactly those bytes before the value is returned.
+pub fn decode_first<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), RecordError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(RecordError::Truncated(bytes.len()));
+    }
+    let (head, rest) = bytes.split_at(HEADER_LEN);
+    let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(rest));
+    // A corrupt length may make the value look longer or shorter than it was: either the
+    // decode fails or the checksum below does not match.
+    let value = T::deserialize(&mut de).map_err(|e| RecordError::Payload(e.to_string()));
+    let used = usize::try_from(de.position())
+        .unwrap_or(usize::MAX)
+        .min(rest.len());
+    let stored = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+    let computed = crc32fast::hash(&rest[..used]);
+    if stored != computed {
+        return Err(RecordError::Checksum { stored, computed });
+    }
+    Ok((value?, HEADER_LEN + used))
 }
 
 /// Checks the frame and returns the payload bytes.
@@ -100,6 +132,43 @@ mod tests {
             bad[i] ^= 0x01;
             assert!(
                 decode::<Sample>(&bad).is_err(),
+                "flip at byte {i} went unnoticed"
+            );
+        }
+    }
+
+    #[test]
+    fn frames_in_a_row_decode_one_by_one() {
+        let a = Sample {
+            name: "first".into(),
+            n: 1,
+        };
+        let b = Sample {
+            name: "é".repeat(40),
+            n: u64::MAX,
+        };
+        let mut row = Vec::new();
+        let la = append_framed(&mut row, |out| {
+            rmp_serde::encode::write_named(out, &a).unwrap()
+        });
+        assert_eq!(row, encode(&a));
+        let lb = append_framed(&mut row, |out| {
+            rmp_serde::encode::write_named(out, &b).unwrap()
+        });
+        let (first, used) = decode_first::<Sample>(&row).unwrap();
+        assert_eq!((first, used), (a, la));
+        let (second, used) = decode_first::<Sample>(&row[la..]).unwrap();
+        assert_eq!((second, used), (b, lb));
+        for i in 0..row.len() {
+            let mut bad = row.clone();
+            bad[i] ^= 0x01;
+            let first = decode_first::<Sample>(&bad);
+            let second = first
+                .as_ref()
+                .ok()
+                .map(|(_, used)| decode_first::<Sample>(&bad[*used..]));
+            assert!(
+                first.is_err() || second.is_some_and(|s| s.is_err()),
                 "flip at byte {i} went unnoticed"
             );
         }

@@ -5,7 +5,7 @@
 //! field and per property string). This writes the same MessagePack directly.
 //!
 //! # Invariant
-//! [`D2cEventRef::encode_framed`] produces exactly the bytes `record::encode_sized` produces
+//! [`D2cEventRef::encode_into`] appends exactly the bytes `record::encode_sized` produces
 //! for the same value through its `Serialize` derive (a map of the seven fields by name, in
 //! declaration order, each in MessagePack's most compact form), so stored events read back
 //! as [`super::D2cEvent`] whichever way they were written. The tests compare the two.
@@ -20,8 +20,14 @@ const INFALLIBLE: &str = "writing MessagePack into a Vec cannot fail";
 
 impl D2cEventRef<'_> {
     /// The framed record, as `record::encode_sized(self, payload_hint)` would write it.
+    #[cfg(test)]
     pub(super) fn encode_framed(&self, payload_hint: usize) -> Vec<u8> {
         record::encode_sized_with(payload_hint, |out| self.write(out))
+    }
+
+    /// Appends the framed record to `out` (a pack, see `pack`); returns its length.
+    pub(super) fn encode_into(&self, out: &mut Vec<u8>) -> usize {
+        record::append_framed(out, |out| self.write(out))
     }
 
     fn write(&self, out: &mut Vec<u8>) {
@@ -113,6 +119,10 @@ mod tests {
             };
             let bytes = event.encode_framed(hint);
             prop_assert_eq!(&bytes, &record::encode_sized(&event, hint));
+            let mut appended = vec![9u8; hint % 3];
+            let len = event.encode_into(&mut appended);
+            prop_assert_eq!(&appended[hint % 3..], &bytes[..]);
+            prop_assert_eq!(len, bytes.len());
             let back: D2cEvent = record::decode(&bytes).unwrap();
             prop_assert_eq!(back.sequence_number, sequence_number);
             prop_assert_eq!(back.body, body);

@@ -13,8 +13,9 @@
 //! - A logged event older than the stored head (a level-0 file that outlived retention) never
 //!   moves the head back.
 
+use super::pack;
 use super::segments::Segments;
-use super::{D2cEvent, PartitionHead};
+use super::PartitionHead;
 use crate::error::StorageError;
 use crate::keys;
 use crate::raw::Raw;
@@ -30,14 +31,16 @@ pub(super) fn recover(
     // Newest segment first: an indexed segment may hold none of the partition's events (its
     // index entry was written, its files already dropped), so go back until one does.
     for segment in segments.of_partition_newest_first(p) {
-        let last = raw.last_record_in::<D2cEvent>(
+        let last = raw.last_value_in(
             cf::D2C_LOG,
             &keys::d2c::event(segment, p, 0),
             keys::d2c::segment_partition_end(segment, p),
         )?;
-        let Some((event, stored_len)) = last else {
+        let Some((key, value)) = last else {
             continue;
         };
+        // The partition's newest event is the last of its newest pack.
+        let (event, stored_len) = pack::last_event(&key, &value)?;
         if event.sequence_number < stored.next_sequence {
             return Ok(stored);
         }

@@ -22,17 +22,20 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use smallvec::{smallvec, SmallVec};
 
-use ferrohub_migrations::cf;
+use ferrohub_migrations::{cf, record};
 
 use crate::error::{StorageError, ValidationError};
 use crate::keys;
 use crate::model::UnixMillis;
 use crate::raw::{Batch, Raw};
 use crate::slots::Endpoint;
+use pack::PackWriter;
 use segments::Segments;
 
 mod encode;
+mod groups;
 mod heads;
+mod pack;
 mod retention;
 mod segments;
 pub use crate::slots::{partition_of, EndpointSlot, MAX_PARTITIONS};
@@ -189,12 +192,6 @@ struct PartitionHead {
     begin: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct ConsumerGroupRecord {
-    name: String,
-    created: UnixMillis,
-}
-
 /// Locks held while a batch is staged and submitted: the endpoint list (read), so no endpoint
 /// named by the batch is deleted in between, and the partitions written.
 pub(crate) struct PartitionGuards<'a>(
@@ -289,22 +286,6 @@ impl Partitions {
             out.extend(e.slot.base..e.slot.base + e.slot.partitions);
         }
         out
-    }
-}
-
-fn validate_group_name(name: &str) -> Result<(), ValidationError> {
-    let ok = !name.is_empty()
-        && name.len() <= 50
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-._$".contains(c));
-    if ok {
-        Ok(())
-    } else {
-        Err(ValidationError::new(
-            "consumerGroup",
-            "must be 1 to 50 letters, digits, '-', '.', '_' or '$'",
-        ))
     }
 }
 
@@ -404,17 +385,31 @@ impl Store {
         let segments = &self.partitions().segments;
         let segment = segments.current();
         let mut staged_bytes = 0u64;
-        // One put per copy of an event, and at most one segment index entry per partition.
-        let copies: usize = targets.iter().map(SmallVec::len).sum();
-        let mut batch = Batch::with_capacity(copies + wanted.len());
-        let mut out = Vec::with_capacity(events.len());
-        for (ev, ps) in events.iter().zip(targets) {
+        // What each partition's events will take, to size its pack once.
+        let hints: Vec<usize> = events
+            .iter()
+            .map(|e| e.encoded_size_hint() + record::HEADER_LEN)
+            .collect();
+        let mut room: SmallVec<[usize; 2]> = smallvec![0; guards.len()];
+        for (ps, hint) in targets.iter().zip(&hints) {
             for p in ps {
-                let head = &mut guards
-                    .iter_mut()
-                    .find(|(q, _)| *q == p)
-                    .expect("locked above")
-                    .1;
+                room[guards
+                    .iter()
+                    .position(|(q, _)| q == p)
+                    .expect("locked above")] += hint;
+            }
+        }
+        // Usually one pack per partition, and at most one segment index entry per partition.
+        let mut batch = Batch::with_capacity(2 * wanted.len());
+        let mut packs = PackWriter::new(segment);
+        let mut out = Vec::with_capacity(events.len());
+        for ((ev, ps), hint) in events.iter().zip(targets).zip(hints) {
+            for p in ps {
+                let at = guards
+                    .iter()
+                    .position(|(q, _)| *q == p)
+                    .expect("locked above");
+                let head = &mut guards[at].1;
                 let enqueued = now.max(head.last_enqueued);
                 let event = D2cEventRef {
                     partition: p,
@@ -425,25 +420,21 @@ impl Store {
                     application_properties: &ev.application_properties,
                     body: &ev.body,
                 };
-                let framed = event.encode_framed(ev.encoded_size_hint());
                 if head.segment != Some(segment) {
                     segments.note_first(&mut batch, p, event.sequence_number, segment);
                 }
-                staged_bytes += framed.len() as u64;
+                let framed_len = packs.push(&mut batch, &event, room[at]);
+                room[at] = room[at].saturating_sub(hint);
+                staged_bytes += framed_len as u64;
                 **head = PartitionHead {
                     next_sequence: event.sequence_number + 1,
-                    next_offset: event.offset + framed.len() as u64,
+                    next_offset: event.offset + framed_len as u64,
                     last_enqueued: enqueued,
                     last_sequence: Some(event.sequence_number),
                     last_offset: Some(event.offset),
                     segment: Some(segment),
                     begin: head.begin,
                 };
-                batch.put_framed(
-                    cf::D2C_LOG,
-                    keys::d2c::event(segment, p, event.sequence_number),
-                    framed,
-                );
                 out.push(Appended {
                     partition: p,
                     sequence_number: event.sequence_number,
@@ -452,6 +443,7 @@ impl Store {
                 });
             }
         }
+        packs.finish(&mut batch);
         // No head record: the events alone say where the partition ends (see `heads`).
         segments.add_bytes(staged_bytes);
         Ok(Some((
@@ -573,12 +565,22 @@ impl Store {
         if max == 0 {
             return Ok(out);
         }
-        for (start, end) in self.partitions().segments.ranges_from(p, from) {
-            self.raw
-                .scan_records::<D2cEvent>(cf::D2C_LOG, &start, Some(end), |_, e| {
-                    out.push(e);
-                    out.len() < max
-                })?;
+        for segment in self.partitions().segments.segments_from(p, from) {
+            // The pack holding `from` starts at or below it (see `pack`).
+            self.raw.scan_values_from_prev(
+                cf::D2C_LOG,
+                keys::d2c::event(segment, p, 0),
+                &keys::d2c::event(segment, p, from),
+                keys::d2c::segment_partition_end(segment, p),
+                |key, value| {
+                    pack::for_each_event(key, value, |e, _| {
+                        if e.sequence_number >= from {
+                            out.push(e);
+                        }
+                        out.len() < max
+                    })
+                },
+            )?;
             if out.len() >= max {
                 break;
             }
@@ -640,118 +642,6 @@ impl Store {
             last_enqueued_time: head.last_sequence.map(|_| head.last_enqueued),
             is_empty: first.is_none(),
         })
-    }
-
-    /// Creates a consumer group.
-    ///
-    /// # Errors
-    /// [`D2cError::GroupExists`], [`D2cError::TooManyGroups`], [`D2cError::Invalid`] or storage.
-    pub fn create_consumer_group(&self, name: &str, now: UnixMillis) -> Result<(), D2cError> {
-        validate_group_name(name)?;
-        let _guard = self.hub_lock.lock();
-        let existing = self.list_consumer_groups()?;
-        if existing.iter().any(|g| g == name) {
-            return Err(D2cError::GroupExists(name.into()));
-        }
-        if existing.len() >= MAX_CONSUMER_GROUPS {
-            return Err(D2cError::TooManyGroups(MAX_CONSUMER_GROUPS));
-        }
-        let mut batch = Batch::default();
-        batch.put_record(
-            cf::D2C_STATE,
-            keys::d2c::group(name),
-            &ConsumerGroupRecord {
-                name: name.into(),
-                created: now,
-            },
-        );
-        Ok(self.raw.commit(batch)?)
-    }
-
-    /// Consumer group names, `$Default` first.
-    ///
-    /// # Errors
-    /// Storage errors.
-    pub fn list_consumer_groups(&self) -> Result<Vec<String>, D2cError> {
-        let mut out = vec![DEFAULT_CONSUMER_GROUP.to_string()];
-        let prefix = keys::d2c::GROUP_PREFIX;
-        self.raw.scan_records::<ConsumerGroupRecord>(
-            cf::D2C_STATE,
-            prefix,
-            keys::prefix_end(prefix),
-            |_, g| {
-                out.push(g.name);
-                true
-            },
-        )?;
-        Ok(out)
-    }
-
-    fn require_group(&self, name: &str) -> Result<(), D2cError> {
-        if name == DEFAULT_CONSUMER_GROUP
-            || self
-                .raw
-                .get_record::<ConsumerGroupRecord>(cf::D2C_STATE, &keys::d2c::group(name))?
-                .is_some()
-        {
-            Ok(())
-        } else {
-            Err(D2cError::NoSuchGroup(name.into()))
-        }
-    }
-
-    /// Deletes a consumer group and its checkpoints.
-    ///
-    /// # Errors
-    /// [`D2cError::DefaultGroup`], [`D2cError::NoSuchGroup`] or storage errors.
-    pub fn delete_consumer_group(&self, name: &str) -> Result<(), D2cError> {
-        if name == DEFAULT_CONSUMER_GROUP {
-            return Err(D2cError::DefaultGroup);
-        }
-        let _guard = self.hub_lock.lock();
-        self.require_group(name)?;
-        let mut batch = Batch::default();
-        batch.delete(cf::D2C_STATE, keys::d2c::group(name));
-        let prefix = keys::d2c::checkpoints_of(name);
-        if let Some(end) = keys::prefix_end(&prefix) {
-            batch.delete_range(cf::D2C_STATE, prefix, end);
-        }
-        Ok(self.raw.commit(batch)?)
-    }
-
-    /// Stores a checkpoint for a consumer group and partition.
-    ///
-    /// # Errors
-    /// [`D2cError::NoSuchGroup`], [`D2cError::NoSuchPartition`] or storage errors.
-    pub fn set_checkpoint(
-        &self,
-        group: &str,
-        partition: u16,
-        checkpoint: &Checkpoint,
-    ) -> Result<(), D2cError> {
-        self.check_partition(partition)?;
-        self.require_group(group)?;
-        let mut batch = Batch::default();
-        batch.put_record(
-            cf::D2C_STATE,
-            keys::d2c::checkpoint(group, partition),
-            checkpoint,
-        );
-        Ok(self.raw.commit(batch)?)
-    }
-
-    /// # Errors
-    /// [`D2cError::NoSuchGroup`], [`D2cError::NoSuchPartition`] or storage errors.
-    pub fn get_checkpoint(
-        &self,
-        group: &str,
-        partition: u16,
-    ) -> Result<Option<Checkpoint>, D2cError> {
-        self.check_partition(partition)?;
-        self.require_group(group)?;
-        Ok(self
-            .raw
-            .get_record(cf::D2C_STATE, &keys::d2c::checkpoint(group, partition))?)
     }
 }
 

@@ -142,28 +142,20 @@ impl Segments {
         self.index.write().insert((partition, sequence), segment);
     }
 
-    /// The key ranges holding a partition's events from sequence `from` on, in order: the
-    /// segment that holds `from`, then every later one of the partition.
-    pub(crate) fn ranges_from(&self, partition: u16, from: u64) -> Vec<(Vec<u8>, Vec<u8>)> {
+    /// The segments holding a partition's events from sequence `from` on, in order: the one
+    /// that holds `from`, then every later one of the partition.
+    pub(crate) fn segments_from(&self, partition: u16, from: u64) -> Vec<u32> {
         let index = self.index.read();
         let of_partition = index.range((partition, 0)..=(partition, u64::MAX));
-        let mut entries: Vec<(u64, u32)> = Vec::new();
+        let mut out: Vec<u32> = Vec::new();
         for (&(_, first), &segment) in of_partition {
             if first <= from {
                 // Only the last entry at or below `from` can hold it.
-                entries.clear();
+                out.clear();
             }
-            entries.push((first, segment));
+            out.push(segment);
         }
-        entries
-            .into_iter()
-            .map(|(first, segment)| {
-                (
-                    keys::event(segment, partition, first.max(from)),
-                    keys::segment_partition_end(segment, partition),
-                )
-            })
-            .collect()
+        out
     }
 
     /// The segments a partition has written to, as indexed, newest first.

@@ -4,6 +4,8 @@
 //! # Invariants
 //! - Every value read through [`Raw::get_record`] or [`Raw::scan_records`] has passed its
 //!   checksum; a failure is [`StorageError::Corruption`] naming the column family and key.
+//!   The two readers that hand out raw values ([`Raw::last_value_in`],
+//!   [`Raw::scan_values_from_prev`]) serve records of several frames, whose owner checks each.
 //! - Writes happen only through [`Raw::commit`] (one atomic batch, durable before it returns in
 //!   [`Durability::Synced`] mode) or through the migration adapter before the store is shared.
 
@@ -548,13 +550,14 @@ impl Raw {
             .try_submit_with(batch, done)
     }
 
-    /// The last record with a key in `[from, until)` and its stored size in bytes, if any.
-    pub(crate) fn last_record_in<T: DeserializeOwned>(
+    /// The last key with its value in `[from, until)`, unchecked (for records that hold
+    /// several frames, which their owner checks), if any.
+    pub(crate) fn last_value_in(
         &self,
         cf: &'static str,
         from: &[u8],
         until: Vec<u8>,
-    ) -> Result<Option<(T, usize)>, StorageError> {
+    ) -> Result<Option<(Vec<u8>, Vec<u8>)>, StorageError> {
         let handle = self.handle(cf)?;
         let mut ro = ReadOptions::default();
         ro.set_iterate_lower_bound(from.to_vec());
@@ -562,10 +565,41 @@ impl Raw {
         let mut it = self.db.raw_iterator_cf_opt(handle, ro);
         it.seek_to_last();
         if let (Some(k), Some(v)) = (it.key(), it.value()) {
-            return decode_checked(cf, k, v).map(|r| Some((r, v.len())));
+            return Ok(Some((k.to_vec(), v.to_vec())));
         }
         it.status().map_err(|e| self.classify(cf, from, e))?;
         Ok(None)
+    }
+
+    /// Visits keys and values, unchecked, in `[lower, until)` in key order, from the last key
+    /// at or below `at` (from the first key when none is); `visit` returns false to stop. For
+    /// records each holding a run of entries keyed by its first (the D2C log's packs), where
+    /// the entry `at` lives in the record at or below it.
+    pub(crate) fn scan_values_from_prev(
+        &self,
+        cf: &'static str,
+        lower: Vec<u8>,
+        at: &[u8],
+        until: Vec<u8>,
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<bool, StorageError>,
+    ) -> Result<(), StorageError> {
+        let handle = self.handle(cf)?;
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(lower);
+        ro.set_iterate_upper_bound(until);
+        let mut it = self.db.raw_iterator_cf_opt(handle, ro);
+        it.seek_for_prev(at);
+        if !it.valid() {
+            it.status().map_err(|e| self.classify(cf, at, e))?;
+            it.seek(at);
+        }
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if !visit(k, v)? {
+                return Ok(());
+            }
+            it.next();
+        }
+        it.status().map_err(|e| self.classify(cf, at, e))
     }
 
     /// The last key of a column family, if it has any.
