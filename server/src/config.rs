@@ -582,9 +582,16 @@ mod tests {
         assert_eq!(c.storage.engine_threads, 32);
         assert_eq!(c.storage.durability, DurabilitySetting::Synced);
         for bad in [0, 513] {
-            let c: Config = toml::from_str(&format!("[storage]\nengine_threads = {bad}\n")).unwrap();
+            let c: Config =
+                toml::from_str(&format!("[storage]\nengine_threads = {bad}\n")).unwrap();
             assert!(
-                matches!(c.validate(), Err(ConfigError::Invalid { key: "storage.engine_threads", .. })),
+                matches!(
+                    c.validate(),
+                    Err(ConfigError::Invalid {
+                        key: "storage.engine_threads",
+                        ..
+                    })
+                ),
                 "{bad}"
             );
         }
@@ -636,10 +643,16 @@ mod tests {
     #[test]
     fn timeouts_outside_their_range_are_refused() {
         for (text, key) in [
-            ("[timeouts]\ntls_handshake = \"50ms\"", "timeouts.tls_handshake"),
+            (
+                "[timeouts]\ntls_handshake = \"50ms\"",
+                "timeouts.tls_handshake",
+            ),
             ("[timeouts]\nmqtt_connect = \"2h\"", "timeouts.mqtt_connect"),
             ("[timeouts]\nhttp_headers = \"0s\"", "timeouts.http_headers"),
-            ("[timeouts]\nwrite_stall = \"61min\"", "timeouts.write_stall"),
+            (
+                "[timeouts]\nwrite_stall = \"61min\"",
+                "timeouts.write_stall",
+            ),
         ] {
             let c: Config = toml::from_str(text).unwrap();
             match c.validate() {

@@ -18,8 +18,11 @@ pub type ErrorCode = (StatusCode, &'static str, u32);
 pub const SERVER_ERROR: ErrorCode = (StatusCode::INTERNAL_SERVER_ERROR, "ServerError", 500001);
 /// The hub cannot take writes now (a durable write failed: a full disk, an I/O error); reads
 /// still work. IoT Hub's ServiceUnavailable, which clients retry.
-pub const SERVICE_UNAVAILABLE: ErrorCode =
-    (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", 503001);
+pub const SERVICE_UNAVAILABLE: ErrorCode = (
+    StatusCode::SERVICE_UNAVAILABLE,
+    "ServiceUnavailable",
+    503001,
+);
 
 /// A storage failure: 503 while writes are refused, otherwise a server error.
 pub fn storage(e: &StorageError) -> ErrorCode {

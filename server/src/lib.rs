@@ -9,7 +9,7 @@
 //! 4. [`hub`]: shared state (connections, outbound queues, method calls, C2D deadlines), the
 //!    authenticator, the event router task, and the one seam to the engine.
 //! 5. Pure building blocks: [`routing`], [`auth`], [`blob`], [`telemetry`], [`c2d_message`], [`x509`],
-//!    [`clock`], [`ids`], [`config`], [`tls`].
+//!    [`clock`], [`ids`], [`latency`], [`config`], [`tls`].
 //! 6. The engine (`ferrohub_engine`), reached only through [`hub::StoreHandle`].
 //!
 //! # Layout
@@ -19,6 +19,7 @@
 //! - [`tls`]: the hub's CA and server certificate, rustls configuration.
 //! - [`clock`]: the hub's wall clock (pausable in tests) and IoT Hub's time formats.
 //! - [`ids`]: device, module, client and lock-token ids as types.
+//! - [`latency`]: the per-message latency histograms, tallied per group of messages.
 //! - [`transport`]: the accept loop, TLS, HTTPS (hyper + warp), MQTT over TLS and WebSocket.
 //! - [`mqtt`]: the MQTT device endpoint (framing, topics, property bags, sessions).
 //! - [`c2d_message`]: C2D messages on the wire (ack names, times, device properties).
@@ -46,6 +47,7 @@ pub mod error_codes;
 pub mod fuzz;
 pub mod hub;
 pub mod ids;
+pub mod latency;
 pub mod mqtt;
 pub mod node;
 pub mod offline;

@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::transport::lean_tls::LeanTlsAcceptor;
 use ferrohub_engine::c2d::TimerKind;
 use ferrohub_engine::hub::HubSettings;
 use ferrohub_engine::{Durability, HubError, OpenError, Store, StoreConfig};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
-use crate::transport::lean_tls::LeanTlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 

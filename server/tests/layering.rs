@@ -25,6 +25,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("tls", 3),
     ("config", 2),
     ("clock", 1),
+    ("latency", 1),
     ("blob", 1),
     ("ids", 1),
 ];

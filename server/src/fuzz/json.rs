@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use ferrohub_engine::twin::document::{MetaNode, Section};
-use ferrohub_engine::UnixMillis;
 use ferrohub_engine::twin::limits::{check_section, check_size, SectionKind};
+use ferrohub_engine::UnixMillis;
 use serde_json::{json, Map, Value};
 
 use crate::config::Config;
@@ -14,7 +14,11 @@ use crate::hub::throttle::Throttles;
 use crate::rest::identity_json::IdentityBody;
 use crate::rest::jobs::line::{import_item, restore_records};
 
-const KINDS: [SectionKind; 3] = [SectionKind::Tags, SectionKind::Desired, SectionKind::Reported];
+const KINDS: [SectionKind; 3] = [
+    SectionKind::Tags,
+    SectionKind::Desired,
+    SectionKind::Reported,
+];
 
 /// Every member of `body` has its `$metadata` node, and no member is `null` (a patch's `null`
 /// removes; a replacement drops it).

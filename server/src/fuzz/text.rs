@@ -2,8 +2,8 @@
 //! user names and SAS tokens.
 
 use super::HOST;
-use crate::auth::sas::{sign, SasToken};
 use crate::auth::parse_scope;
+use crate::auth::sas::{sign, SasToken};
 use crate::ids::Identity;
 use crate::mqtt::authenticate::{check_username, parse_client_id};
 use crate::mqtt::property_bag;
@@ -73,7 +73,12 @@ pub fn sas_token(data: &[u8]) {
     let _ = parse_scope(&token.resource, HOST);
     let _ = token.verify(0, ["a2V5", "not base64 at all"]);
     let key = "c2VjcmV0IGtleSBmb3IgZnV6emluZw==";
-    if let Some(signed) = sign(&token.resource, key, token.expiry, token.key_name.as_deref()) {
+    if let Some(signed) = sign(
+        &token.resource,
+        key,
+        token.expiry,
+        token.key_name.as_deref(),
+    ) {
         let again = SasToken::parse(&signed)
             .unwrap_or_else(|e| panic!("{signed:?} signed from {text:?} does not parse: {e}"));
         assert_eq!(again.resource, token.resource, "{signed:?}");

@@ -25,6 +25,7 @@
 //!   tickets in the lane's [`LaneAcks`] window ([`AppendLane::append_in_order`]); one lane's tickets
 //!   are answered in the order they were issued.
 
+use crate::latency::{self, Tally};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
@@ -106,7 +107,6 @@ struct Lane {
     store: Arc<StoreSlot>,
     /// Metric handles, looked up once per lane rather than once per message.
     durable_messages: metrics::Counter,
-    append_seconds: metrics::Histogram,
     admission: Arc<Semaphore>,
     readers: Arc<D2cNotify>,
     queue: Mutex<Queue>,
@@ -126,7 +126,6 @@ impl AppendLane {
         AppendLane(Arc::new(Lane {
             store,
             durable_messages: metrics::counter!("ferrohub_d2c_messages_total"),
-            append_seconds: metrics::histogram!("ferrohub_d2c_append_seconds"),
             admission,
             readers,
             queue: Mutex::new(Queue::default()),
@@ -146,10 +145,7 @@ impl AppendLane {
         let (reply, done) = oneshot::channel();
         self.admit(message, now, Reply::Once(reply)).await;
         let started = std::time::Instant::now();
-        let (durable_messages, append_seconds) = (
-            self.0.durable_messages.clone(),
-            self.0.append_seconds.clone(),
-        );
+        let durable_messages = self.0.durable_messages.clone();
         async move {
             let result = done
                 .await
@@ -157,7 +153,7 @@ impl AppendLane {
             if result.is_ok() {
                 // Admission to durable: what a device waits for its PUBACK or 204.
                 durable_messages.increment(1);
-                append_seconds.record(started.elapsed().as_secs_f64());
+                latency::APPEND.record(started.elapsed());
             }
             result
         }
@@ -184,11 +180,13 @@ impl AppendLane {
         &self.0.acks
     }
 
-    /// Counts one message answered through the ticket window as durable, `took` after its
-    /// admission.
-    pub fn durable(&self, took: std::time::Duration) {
-        self.0.durable_messages.increment(1);
-        self.0.append_seconds.record(took.as_secs_f64());
+    /// Counts messages answered through the ticket window as durable, with their times from
+    /// admission to durable tallied by the caller; empties the tally.
+    pub fn durable(&self, admission_to_durable: &mut Tally) {
+        self.0
+            .durable_messages
+            .increment(u64::from(admission_to_durable.samples()));
+        admission_to_durable.add_to(&latency::APPEND);
     }
 
     /// Waits for admission, then stages or queues the message; whether admission had to wait.

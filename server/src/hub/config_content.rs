@@ -98,8 +98,12 @@ impl Compiled {
         let target = Statement::target(&c.target_condition).map_err(|e| e.to_string())?;
         if target.from != collection {
             return Err(match collection {
-                Collection::Modules => "moduleContent needs a target condition FROM devices.modules WHERE ...".into(),
-                _ => "deviceContent needs a target condition on devices, not devices.modules".into(),
+                Collection::Modules => {
+                    "moduleContent needs a target condition FROM devices.modules WHERE ...".into()
+                }
+                _ => {
+                    "deviceContent needs a target condition on devices, not devices.modules".into()
+                }
             });
         }
         Ok(Compiled {
@@ -185,7 +189,11 @@ pub fn decide(configs: &[Compiled], twin: &Twin, row: &Value) -> Option<Configur
                 .filter(|(.., id)| *id == c.id)
                 .map(|(p, ..)| p.join("."))
                 .collect();
-            let status = if owned.is_empty() { "Targeted" } else { "Applied" };
+            let status = if owned.is_empty() {
+                "Targeted"
+            } else {
+                "Applied"
+            };
             (
                 c.id.clone(),
                 AppliedConfiguration {
@@ -226,9 +234,7 @@ pub fn decide(configs: &[Compiled], twin: &Twin, row: &Value) -> Option<Configur
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrohub_engine::model::{
-        AuthType, Authentication, ConnectionState, Identity, Status,
-    };
+    use ferrohub_engine::model::{AuthType, Authentication, ConnectionState, Identity, Status};
     use ferrohub_engine::twin::record::TwinRecord;
     use serde_json::json;
 
@@ -293,12 +299,33 @@ mod tests {
 
     #[test]
     fn the_highest_priority_wins_each_path_and_the_rest_is_targeted() {
-        let low = config("low", 1, 10, "tags.env = 'test'", json!({"properties.desired.mode": "slow", "properties.desired.x": 1}));
-        let high = config("high", 5, 5, "*", json!({"properties.desired.mode": "fast"}));
-        let newer = config("newer", 1, 20, "tags.env = 'test'", json!({"properties.desired.x": 2}));
+        let low = config(
+            "low",
+            1,
+            10,
+            "tags.env = 'test'",
+            json!({"properties.desired.mode": "slow", "properties.desired.x": 1}),
+        );
+        let high = config(
+            "high",
+            5,
+            5,
+            "*",
+            json!({"properties.desired.mode": "fast"}),
+        );
+        let newer = config(
+            "newer",
+            1,
+            20,
+            "tags.env = 'test'",
+            json!({"properties.desired.x": 2}),
+        );
         let (t, row) = twin(json!({"env": "test"}), json!({}));
         let d = decide(&[low.clone(), high.clone(), newer.clone()], &t, &row).unwrap();
-        assert_eq!(d.desired.as_ref().unwrap(), json!({"mode": "fast", "x": 2}).as_object().unwrap());
+        assert_eq!(
+            d.desired.as_ref().unwrap(),
+            json!({"mode": "fast", "x": 2}).as_object().unwrap()
+        );
         assert_eq!(d.configurations["high"].status, "Applied");
         assert_eq!(d.configurations["newer"].status, "Applied");
         assert_eq!(d.configurations["low"].status, "Targeted");
@@ -309,14 +336,24 @@ mod tests {
         assert!(decide(&[low.clone(), high.clone(), newer], &done, &row).is_none());
         // Without `newer` and `high`, `low` takes both paths back.
         let back = decide(&[low.clone()], &done, &row).unwrap();
-        assert_eq!(back.desired.unwrap(), *json!({"mode": "slow", "x": 1}).as_object().unwrap());
+        assert_eq!(
+            back.desired.unwrap(),
+            *json!({"mode": "slow", "x": 1}).as_object().unwrap()
+        );
         // Untargeted: what it set is removed, and the map is empty.
         let (other, other_row) = twin(json!({"env": "prod"}), json!({}));
         let mut set_before = other.clone();
-        set_before.record.desired.body = json!({"mode": "slow", "keep": 1}).as_object().cloned().unwrap();
-        set_before.record.configurations = decide(&[low.clone()], &done, &row).unwrap().configurations;
+        set_before.record.desired.body = json!({"mode": "slow", "keep": 1})
+            .as_object()
+            .cloned()
+            .unwrap();
+        set_before.record.configurations =
+            decide(&[low.clone()], &done, &row).unwrap().configurations;
         let removed = decide(&[low], &set_before, &other_row).unwrap();
-        assert_eq!(removed.desired.unwrap(), *json!({"mode": null}).as_object().unwrap());
+        assert_eq!(
+            removed.desired.unwrap(),
+            *json!({"mode": null}).as_object().unwrap()
+        );
         assert!(removed.configurations.is_empty());
     }
 }

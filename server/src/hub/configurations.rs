@@ -85,8 +85,7 @@ fn may_retarget(n: &Notification) -> bool {
         NotificationOp::DeleteDeviceIdentity => false,
         NotificationOp::UpdateTwin => {
             n.body.contains_key("tags")
-                || n
-                    .body
+                || n.body
                     .get("properties")
                     .and_then(|p| p.get("reported"))
                     .is_some()
@@ -173,7 +172,10 @@ fn reconcile(
                 true
             })?;
             for twin in twins {
-                let id = (twin.identity.device_id.clone(), twin.identity.module_id.clone());
+                let id = (
+                    twin.identity.device_id.clone(),
+                    twin.identity.module_id.clone(),
+                );
                 outcomes.extend(settle(s, &configs, Some(twin), &id, now, reconciler)?);
             }
         }

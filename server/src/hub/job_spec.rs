@@ -67,7 +67,9 @@ impl JobSpec {
         match kind {
             ScheduledJobKind::UpdateTwin => {
                 let Value::Object(twin) = spec else {
-                    return Err("updateTwin is required: a Twin with tags or desired properties".into());
+                    return Err(
+                        "updateTwin is required: a Twin with tags or desired properties".into(),
+                    );
                 };
                 let properties = object(twin.get("properties"), "updateTwin.properties")?;
                 let write = TwinWrite {
@@ -78,7 +80,9 @@ impl JobSpec {
                     )?,
                 };
                 if write.tags.is_none() && write.desired.is_none() {
-                    return Err("updateTwin changes nothing: give tags or properties.desired".into());
+                    return Err(
+                        "updateTwin changes nothing: give tags or properties.desired".into(),
+                    );
                 }
                 write.check_patch().map_err(|e| e.to_string())?;
                 Ok(JobSpec::UpdateTwin(write))
@@ -134,7 +138,10 @@ mod tests {
         assert_eq!(w.tags.unwrap()["x"], "y");
         assert_eq!(w.desired.unwrap()["m"], 1);
         for bad in [json!(null), json!({"etag": "*"}), json!({"tags": 3})] {
-            assert!(JobSpec::read(ScheduledJobKind::UpdateTwin, &bad).is_err(), "{bad}");
+            assert!(
+                JobSpec::read(ScheduledJobKind::UpdateTwin, &bad).is_err(),
+                "{bad}"
+            );
         }
     }
 
@@ -145,14 +152,20 @@ mod tests {
         else {
             panic!("a method spec")
         };
-        assert_eq!((m.method.as_str(), m.response_timeout.as_secs()), ("reboot", 30));
+        assert_eq!(
+            (m.method.as_str(), m.response_timeout.as_secs()),
+            ("reboot", 30)
+        );
         assert_eq!(m.payload, br#"{"a":1}"#);
         for bad in [
             json!({"methodName": ""}),
             json!({"methodName": "m", "responseTimeoutInSeconds": 1}),
             json!(null),
         ] {
-            assert!(JobSpec::read(ScheduledJobKind::DeviceMethod, &bad).is_err(), "{bad}");
+            assert!(
+                JobSpec::read(ScheduledJobKind::DeviceMethod, &bad).is_err(),
+                "{bad}"
+            );
         }
     }
 }

@@ -19,8 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferrohub_engine::scheduled_jobs::{
-    DeviceJobRow, DeviceJobStatus, JobTarget, ScheduledJob, ScheduledJobError,
-    ScheduledJobStatus,
+    DeviceJobRow, DeviceJobStatus, JobTarget, ScheduledJob, ScheduledJobError, ScheduledJobStatus,
 };
 use ferrohub_engine::{StorageError, UnixMillis};
 use parking_lot::Mutex;
@@ -147,9 +146,7 @@ async fn run_once(ctx: &HubContext, id: &str) -> Result<(), RunError> {
         let id = id.to_string();
         job = ctx
             .store
-            .run(move |s| {
-                s.update_scheduled_job(&id, |j| j.status = ScheduledJobStatus::Running)
-            })
+            .run(move |s| s.update_scheduled_job(&id, |j| j.status = ScheduledJobStatus::Running))
             .await?;
     }
     // Both were checked when the job was created; a stored job that no longer reads is failed.
@@ -235,13 +232,18 @@ async fn call(ctx: &HubContext, call: &MethodCallSpec, mut row: DeviceJobRow) ->
                 })
             };
             row.status = DeviceJobStatus::Completed;
-            row.outcome = json!({"deviceMethodResponse": {"status": answer.status, "payload": payload}})
-                .to_string();
+            row.outcome =
+                json!({"deviceMethodResponse": {"status": answer.status, "payload": payload}})
+                    .to_string();
             row.error = None;
         }
         Err(failure) => {
             let (_, code, description) = failure.iot_hub_error();
-            let code = if failure == CallFailure::Timeout { "DeviceNotOnline" } else { code };
+            let code = if failure == CallFailure::Timeout {
+                "DeviceNotOnline"
+            } else {
+                code
+            };
             row.status = DeviceJobStatus::Failed;
             row.outcome = "{}".into();
             row.error = Some((code.to_string(), description.to_string()));

@@ -62,10 +62,18 @@ pub async fn run(store: StoreHandle, recovery: Recovery, shutdown: CancellationT
         let outcome = tokio::task::spawn_blocking(move || attempt(&slot, &recovery)).await;
         match outcome {
             Ok(Attempt::NoSpace(e)) => tracing::debug!(error = %e, "storage recovery: no room yet"),
-            Ok(Attempt::Busy) => tracing::warn!("storage recovery: calls still hold the store; trying again"),
-            Ok(Attempt::Writable) => tracing::warn!("storage recovered: the store was reopened and takes writes again"),
-            Ok(Attempt::ReadOnly(e)) => tracing::error!(error = %e, "storage recovery: reopened read-only; writes stay refused"),
-            Ok(Attempt::Failed(e)) => tracing::error!(error = %e, "storage recovery: the store could not be opened at all"),
+            Ok(Attempt::Busy) => {
+                tracing::warn!("storage recovery: calls still hold the store; trying again")
+            }
+            Ok(Attempt::Writable) => {
+                tracing::warn!("storage recovered: the store was reopened and takes writes again")
+            }
+            Ok(Attempt::ReadOnly(e)) => {
+                tracing::error!(error = %e, "storage recovery: reopened read-only; writes stay refused")
+            }
+            Ok(Attempt::Failed(e)) => {
+                tracing::error!(error = %e, "storage recovery: the store could not be opened at all")
+            }
             Err(e) => tracing::error!(error = %e, "storage recovery task failed"),
         }
     }

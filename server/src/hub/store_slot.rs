@@ -52,4 +52,3 @@ impl StoreSlot {
         self.read_only.store(read_only, Ordering::Release);
     }
 }
-

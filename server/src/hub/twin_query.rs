@@ -402,7 +402,10 @@ mod tests {
         assert!(token
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
-        assert_eq!(Position::decode(&token, "SELECT * FROM devices").unwrap(), p);
+        assert_eq!(
+            Position::decode(&token, "SELECT * FROM devices").unwrap(),
+            p
+        );
         assert!(Position::decode(&token, "SELECT * FROM devices.modules").is_err());
         assert!(Position::decode("not a token", "SELECT * FROM devices").is_err());
     }

@@ -93,7 +93,6 @@ pub fn twin_json(t: &Twin) -> Value {
     out
 }
 
-
 /// A job's `type` as IoT Hub spells it.
 pub fn job_kind_name(kind: ScheduledJobKind) -> &'static str {
     match kind {

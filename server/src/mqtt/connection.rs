@@ -17,6 +17,7 @@
 //! - C2D messages are fetched (locked) only while the session subscribes to them, at most
 //!   [`super::c2d::WINDOW`] at a time; see [`super::c2d`] for completion and settlement.
 
+use crate::latency::{self, Tally};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -111,8 +112,6 @@ struct Connection<IO> {
     held: Duration,
     last_held: Option<Instant>,
     sender_mark: crate::hub::fair_share::SenderMark,
-    /// Metric handles, looked up once per connection rather than once per message.
-    puback_seconds: metrics::Histogram,
     d2c_bytes: metrics::Counter,
 }
 
@@ -272,24 +271,40 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
     /// of them.
     async fn answer_ready(&mut self, first: Answer) -> Option<End> {
         let now = Instant::now();
+        let mut tallies = Tallies::default();
         let mut next = Some(first);
-        while let Some(answer) = next {
-            let packets = match self.packets_of(answer, now) {
+        let ended = loop {
+            let Some(answer) = next else { break None };
+            let packets = match self.packets_of(answer, now, &mut tallies) {
                 Ok(packets) => packets,
-                Err(e) => return Some(End::StoreFailed(e)),
+                Err(e) => break Some(End::StoreFailed(e)),
             };
+            let mut fed = None;
             for p in packets {
-                if let Some(end) = self.stalling(|f| f.feed(p)).await {
-                    return Some(end);
+                fed = self.stalling(|f| f.feed(p)).await;
+                if fed.is_some() {
+                    break;
                 }
             }
+            if fed.is_some() {
+                break fed;
+            }
             next = self.pending.try_next(&self.lane);
+        };
+        tallies.add_to_metrics(&self.lane);
+        match ended {
+            Some(end) => Some(end),
+            None => self.stalling(|f| SinkExt::<VariablePacket>::flush(f)).await,
         }
-        self.stalling(|f| SinkExt::<VariablePacket>::flush(f)).await
     }
 
     /// The packets an answer sends; a durable telemetry message is counted here.
-    fn packets_of(&self, answer: Answer, now: Instant) -> Result<Packets, String> {
+    fn packets_of(
+        &self,
+        answer: Answer,
+        now: Instant,
+        tallies: &mut Tallies,
+    ) -> Result<Packets, String> {
         let packets = match answer {
             Answer::Telemetry {
                 pkid,
@@ -298,9 +313,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                 result,
             } => {
                 result?;
-                self.puback_seconds
-                    .record(now.saturating_duration_since(received).as_secs_f64());
-                self.lane.durable(now.saturating_duration_since(admitted));
+                tallies
+                    .puback
+                    .record(now.saturating_duration_since(received));
+                tallies
+                    .admission_to_durable
+                    .record(now.saturating_duration_since(admitted));
                 Packets::One(pkid.map(|id| PubackPacket::new(id).into()))
             }
             Answer::Work(result) => Packets::Many(result?.into_iter()),
@@ -523,7 +541,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         while let Ok(Some(answer)) =
             tokio::time::timeout_at(deadline, self.pending.next(&self.lane)).await
         {
-            let Ok(packets) = self.packets_of(answer, now) else {
+            let mut tallies = Tallies::default();
+            let packets = self.packets_of(answer, now, &mut tallies);
+            tallies.add_to_metrics(&self.lane);
+            let Ok(packets) = packets else {
                 return;
             };
             for p in packets {
@@ -637,6 +658,22 @@ where
     match done {
         Ok(()) => None,
         Err(_) => Some(End::Closed),
+    }
+}
+
+/// The latencies of the telemetry answered in one go, added to the metrics at its end (see
+/// `latency`).
+#[derive(Default)]
+struct Tallies {
+    /// PUBLISH read to PUBACK due.
+    puback: Tally,
+    admission_to_durable: Tally,
+}
+
+impl Tallies {
+    fn add_to_metrics(&mut self, lane: &AppendLane) {
+        self.puback.add_to(&latency::PUBACK);
+        lane.durable(&mut self.admission_to_durable);
     }
 }
 

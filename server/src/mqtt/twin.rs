@@ -155,13 +155,7 @@ pub async fn patch_reported(
     let result = ctx
         .store
         .run_then(move |s, done| {
-            s.patch_reported_then(
-                &who.device_id,
-                who.module_id.as_deref(),
-                &patch,
-                now,
-                done,
-            )
+            s.patch_reported_then(&who.device_id, who.module_id.as_deref(), &patch, now, done)
         })
         .await;
     match result {

@@ -123,14 +123,15 @@ fn metric_queries(body: &Value) -> Result<Map<String, Value>, ApiError> {
         .cloned()
         .unwrap_or_default();
     if queries.len() > MAX_METRICS {
-        return Err(ApiError::argument("a configuration has at most 5 custom metrics"));
+        return Err(ApiError::argument(
+            "a configuration has at most 5 custom metrics",
+        ));
     }
     for (name, query) in &queries {
-        let text = query
-            .as_str()
-            .ok_or_else(|| ApiError::argument(format!("metric {name}: the query must be a string")))?;
-        Statement::parse(text)
-            .map_err(|e| ApiError::argument(format!("metric {name}: {e}")))?;
+        let text = query.as_str().ok_or_else(|| {
+            ApiError::argument(format!("metric {name}: the query must be a string"))
+        })?;
+        Statement::parse(text).map_err(|e| ApiError::argument(format!("metric {name}: {e}")))?;
     }
     Ok(queries)
 }
@@ -138,14 +139,18 @@ fn metric_queries(body: &Value) -> Result<Map<String, Value>, ApiError> {
 /// Reads and checks a Configuration body into the record to store.
 fn configuration_of(id: String, body: &Value) -> Result<Configuration, ApiError> {
     if id.is_empty() || id.chars().count() > 128 {
-        return Err(ApiError::argument("a configuration id is 1 to 128 characters"));
+        return Err(ApiError::argument(
+            "a configuration id is 1 to 128 characters",
+        ));
     }
     if !body.is_object() {
         return Err(ApiError::format("the body must be a Configuration object"));
     }
     if let Some(given) = body.get("id").filter(|v| !v.is_null()) {
         if given.as_str() != Some(id.as_str()) {
-            return Err(ApiError::argument("id in the body differs from the id in the path"));
+            return Err(ApiError::argument(
+                "id in the body differs from the id in the path",
+            ));
         }
     }
     let labels = object_of(body, "labels")?.cloned().unwrap_or_default();
@@ -216,7 +221,10 @@ fn configuration_json(s: &ferrohub_engine::Store, c: &Configuration) -> Result<V
     let queries: Map<String, Value> = serde_json::from_str(&c.metrics).unwrap_or_default();
     let mut results = Map::new();
     for (name, query) in &queries {
-        results.insert(name.clone(), json!(count(query.as_str().unwrap_or_default())?));
+        results.insert(
+            name.clone(),
+            json!(count(query.as_str().unwrap_or_default())?),
+        );
     }
     Ok(json!({
         "id": c.id,
@@ -247,7 +255,13 @@ fn may_read(p: &Principal) -> Result<(), ApiError> {
     Ok(p.require_hub(Permission::RegistryRead)?)
 }
 
-async fn put(id: PathId, ctx: Context, p: Principal, if_match: Option<String>, body: Value) -> Handled {
+async fn put(
+    id: PathId,
+    ctx: Context,
+    p: Principal,
+    if_match: Option<String>,
+    body: Value,
+) -> Handled {
     may_write(&p)?;
     let config = configuration_of(id.0, &body)?;
     let (condition, now) = (if_match_of(if_match), ctx.clock.now());

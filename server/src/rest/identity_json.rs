@@ -5,9 +5,7 @@
 //! the wrong JSON type is a 400.
 
 use ferrohub_engine::identity::ImportMode;
-use ferrohub_engine::model::{
-    AuthType, Identity, IdentitySpec, KeysSpec, Status, Thumbprints,
-};
+use ferrohub_engine::model::{AuthType, Identity, IdentitySpec, KeysSpec, Status, Thumbprints};
 use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;

@@ -158,7 +158,9 @@ fn job_of(id: String, body: &Value, now: UnixMillis) -> Result<ScheduledJob, Api
     }
     if let Some(given) = field(body, "jobId") {
         if given.as_str() != Some(id.as_str()) {
-            return Err(ApiError::argument("jobId in the body differs from the job id in the path"));
+            return Err(ApiError::argument(
+                "jobId in the body differs from the job id in the path",
+            ));
         }
     }
     let kind = field(body, "type")
@@ -167,10 +169,13 @@ fn job_of(id: String, body: &Value, now: UnixMillis) -> Result<ScheduledJob, Api
         .ok_or_else(|| {
             ApiError::argument("type must be scheduleUpdateTwin or scheduleDeviceMethod")
         })?;
-    let spec = field(body, match kind {
-        ScheduledJobKind::UpdateTwin => "updateTwin",
-        ScheduledJobKind::DeviceMethod => "cloudToDeviceMethod",
-    })
+    let spec = field(
+        body,
+        match kind {
+            ScheduledJobKind::UpdateTwin => "updateTwin",
+            ScheduledJobKind::DeviceMethod => "cloudToDeviceMethod",
+        },
+    )
     .cloned()
     .unwrap_or(Value::Null);
     JobSpec::read(kind, &spec).map_err(ApiError::argument)?;
@@ -322,12 +327,18 @@ mod tests {
         assert_eq!(job.max_execution_secs, DEFAULT_MAX_EXECUTION_SECS);
         let cases = [
             (json!({"type": "other"}), "type must be"),
-            (json!({"type": "scheduleDeviceMethod", "queryCondition": "*"}), "cloudToDeviceMethod"),
+            (
+                json!({"type": "scheduleDeviceMethod", "queryCondition": "*"}),
+                "cloudToDeviceMethod",
+            ),
             (
                 json!({"type": "scheduleUpdateTwin", "updateTwin": {"tags": {}}, "queryCondition": "tags.x = = 1"}),
                 "Line 1:38",
             ),
-            (json!({"jobId": "k", "type": "scheduleUpdateTwin"}), "differs"),
+            (
+                json!({"jobId": "k", "type": "scheduleUpdateTwin"}),
+                "differs",
+            ),
         ];
         for (body, expected) in cases {
             let e = job_of("j".into(), &body, now).unwrap_err().to_string();

@@ -23,7 +23,7 @@ pub mod lean_tls;
 mod lean_tls_tests;
 pub mod mqtt_quic;
 pub mod mqtt_tls;
-pub mod quic_tail_probe;
 pub mod ops;
+pub mod quic_tail_probe;
 pub mod ws;
 pub mod ws_io;

@@ -33,12 +33,6 @@ impl Readiness {
     }
 }
 
-/// Latency buckets (seconds) for the append histogram: 100 µs to 10 s.
-const BUCKETS: &[f64] = &[
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-    5.0, 10.0,
-];
-
 /// The process-wide Prometheus recorder, installed on first use (one per process: in-process
 /// tests may start several nodes).
 pub fn recorder() -> PrometheusHandle {
@@ -46,7 +40,7 @@ pub fn recorder() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let builder = PrometheusBuilder::new()
-                .set_buckets(BUCKETS)
+                .set_buckets(crate::latency::BUCKETS)
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             builder.install_recorder().unwrap_or_else(|_| {
                 // Another recorder is installed (a test harness): render this one unexported.
@@ -72,8 +66,10 @@ pub fn serve(
         let (ctx, handle) = (metrics_ctx.clone(), handle.clone());
         async move {
             refresh(&ctx).await;
+            let mut text = handle.render();
+            crate::latency::render_into(&mut text);
             warp::reply::with_header(
-                handle.render(),
+                text,
                 "content-type",
                 "text/plain; version=0.0.4; charset=utf-8",
             )

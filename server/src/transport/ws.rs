@@ -84,16 +84,17 @@ fn mqtt(
         .map(
             move |ws: warp::ws::Ws, (addr, shutdown): (SocketAddr, CancellationToken)| {
                 let ctx = ctx.clone();
-                let upgrade =
-                    ws.max_message_size(MAX_PACKET).max_frame_size(MAX_PACKET)
-                        .on_upgrade(move |socket| async move {
-                            let peer = PeerInfo {
-                                addr,
-                                transport: "mqtt-ws",
-                                client_cert: None,
-                            };
-                            connection::run(WsIo::new(socket), peer, ctx, shutdown).await;
-                        });
+                let upgrade = ws
+                    .max_message_size(MAX_PACKET)
+                    .max_frame_size(MAX_PACKET)
+                    .on_upgrade(move |socket| async move {
+                        let peer = PeerInfo {
+                            addr,
+                            transport: "mqtt-ws",
+                            client_cert: None,
+                        };
+                        connection::run(WsIo::new(socket), peer, ctx, shutdown).await;
+                    });
                 warp::reply::with_header(upgrade, "sec-websocket-protocol", "mqtt").into_response()
             },
         )

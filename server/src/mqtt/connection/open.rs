@@ -176,7 +176,6 @@ where
         held: Duration::ZERO,
         last_held: None,
         sender_mark: Default::default(),
-        puback_seconds: metrics::histogram!("ferrohub_mqtt_puback_seconds"),
         d2c_bytes: metrics::counter!("ferrohub_d2c_bytes_total"),
     };
     Some(Box::new(Opened {

@@ -108,7 +108,10 @@ fn rank(p: &IndexProbe) -> u8 {
         Probe::Eq(values) if values.len() == 1 => 0,
         Probe::Eq(_) => 1,
         Probe::Prefix(_) => 2,
-        Probe::Range { lo: Some(_), hi: Some(_) } => 3,
+        Probe::Range {
+            lo: Some(_),
+            hi: Some(_),
+        } => 3,
         Probe::Range { .. } => 4,
     }
 }
@@ -137,7 +140,10 @@ impl Statement {
                     *lo = lo.take().or(lo2);
                     *hi = hi.take().or(hi2);
                 }
-                (_, probe) => merged.push(IndexProbe { path: p.path, probe }),
+                (_, probe) => merged.push(IndexProbe {
+                    path: p.path,
+                    probe,
+                }),
             }
         }
         merged.sort_by_key(rank);
@@ -159,17 +165,38 @@ mod tests {
         assert_eq!(
             probes("tags.n > 3 AND tags.plant = 'Lyon'"),
             [
-                IndexProbe { path: "tags.plant".into(), probe: Probe::Eq(vec![json!("Lyon")]) },
-                IndexProbe { path: "tags.n".into(), probe: Probe::Range { lo: Some((json!(3), false)), hi: None } },
+                IndexProbe {
+                    path: "tags.plant".into(),
+                    probe: Probe::Eq(vec![json!("Lyon")])
+                },
+                IndexProbe {
+                    path: "tags.n".into(),
+                    probe: Probe::Range {
+                        lo: Some((json!(3), false)),
+                        hi: None
+                    }
+                },
             ]
         );
         assert_eq!(
             probes("3 <= tags.n AND tags.n < 9")[0].probe,
-            Probe::Range { lo: Some((json!(3), true)), hi: Some((json!(9), false)) }
+            Probe::Range {
+                lo: Some((json!(3), true)),
+                hi: Some((json!(9), false))
+            }
         );
-        assert_eq!(probes("tags.s IN ['a', 'b']")[0].probe, Probe::Eq(vec![json!("a"), json!("b")]));
-        assert_eq!(probes("STARTSWITH(tags.s, 'ab')")[0].probe, Probe::Prefix("ab".into()));
-        assert_eq!(probes("connectionState = 'Connected'")[0].path, "connectionState");
+        assert_eq!(
+            probes("tags.s IN ['a', 'b']")[0].probe,
+            Probe::Eq(vec![json!("a"), json!("b")])
+        );
+        assert_eq!(
+            probes("STARTSWITH(tags.s, 'ab')")[0].probe,
+            Probe::Prefix("ab".into())
+        );
+        assert_eq!(
+            probes("connectionState = 'Connected'")[0].path,
+            "connectionState"
+        );
         for none in [
             "tags.a = 1 OR tags.b = 2",
             "NOT tags.a = 1",
@@ -179,7 +206,12 @@ mod tests {
             "tags.a[0] = 1",
             "tags.a = {\"x\": 1}",
         ] {
-            assert!(Statement::target(none).map(|s| s.index_probes().is_empty()).unwrap_or(true), "{none}");
+            assert!(
+                Statement::target(none)
+                    .map(|s| s.index_probes().is_empty())
+                    .unwrap_or(true),
+                "{none}"
+            );
         }
     }
 }
