@@ -273,6 +273,44 @@ fn connection_state_is_queued_shown_at_once_built_on_and_indexed_like_a_rebuild(
 }
 
 #[test]
+fn an_index_entry_follows_the_connection_state_queued_before_it() {
+    // Each state's index entries are computed from the state the queued write before it left,
+    // not from the durable one: a connect and a disconnect queued behind one sync must leave
+    // the disconnected device indexed as disconnected.
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open(dir.path());
+    store
+        .create_device("d", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let hold = store.hold_commits().unwrap();
+    for connected in [true, false] {
+        let tx = tx.clone();
+        store
+            .record_connection_then("d", None, connected, common::T0, move |r| {
+                tx.send(r).unwrap()
+            })
+            .unwrap();
+    }
+    drop(hold);
+    for _ in 0..2 {
+        assert!(rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap()
+            .is_ok());
+    }
+    let disconnected = store
+        .twin_index_page(false, "connectionState", &Probe::Eq(vec![json!("Disconnected")]), None, 10)
+        .unwrap()
+        .expect("indexed");
+    assert_eq!(disconnected.len(), 1, "the disconnected device is not indexed as such");
+    let kept = store.twin_index_keys().unwrap();
+    assert!(store.define_twin_index(vec!["properties.reported.x".into()]).unwrap());
+    assert!(store.define_twin_index(Vec::new()).unwrap());
+    assert_eq!(store.twin_index_keys().unwrap(), kept, "index differs from a rebuild");
+}
+
+#[test]
 fn a_clean_session_without_a_stored_session_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = common::open(dir.path());

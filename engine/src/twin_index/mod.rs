@@ -214,10 +214,16 @@ fn after_batch<T: serde::de::DeserializeOwned>(
     .transpose()
 }
 
+/// The identity and twin behind `twin_key` before `batch` (`None`) or after it. "Before" is
+/// the state every write queued ahead of the batch left, durable or not: a pipelined identity
+/// or twin write (connection state, reported patch) is the state the next one follows, and
+/// entries computed from the durable state would undo what the queued write staged.
+/// With `with_twin` false the twin is not read (`None`).
 fn state(
     raw: &Raw,
     batch: Option<&Batch>,
     twin_key: &[u8],
+    with_twin: bool,
 ) -> Result<(Option<Identity>, Option<TwinRecord>), StorageError> {
     let Some((id_cf, id_key)) = identity_key(twin_key) else {
         return Ok((None, None));
@@ -228,18 +234,28 @@ fn state(
         .flatten()
     {
         Some(staged) => staged,
-        None => raw.get_record(id_cf, id_key)?,
+        None => raw.get_for_update(id_cf, id_key)?,
     };
+    if !with_twin {
+        return Ok((identity, None));
+    }
     let twin = match batch
         .map(|b| after_batch(b, cf::TWINS, twin_key))
         .transpose()?
         .flatten()
     {
         Some(staged) => staged,
-        // A pipelined twin write not yet durable is the state this batch follows.
         None => raw.get_for_update(cf::TWINS, twin_key)?,
     };
     Ok((identity, twin))
+}
+
+/// Whether `batch` writes the twin record under `twin_key`.
+fn writes_twin(batch: &Batch, twin_key: &[u8]) -> bool {
+    batch.ops.iter().any(|op| {
+        matches!(op, Op::Put { cf, key, .. } | Op::Delete { cf, key }
+            if *cf == cf::TWINS && key.as_slice() == twin_key)
+    })
 }
 
 impl BatchHook for Shared {
@@ -258,8 +274,16 @@ impl BatchHook for Shared {
         let def = self.0.definition.read();
         let mut changes = BTreeMap::new();
         for twin_key in touched {
-            let (old_identity, old_twin) = state(raw, None, &twin_key)?;
-            let (new_identity, new_twin) = state(raw, Some(batch), &twin_key)?;
+            // An identity write that leaves the twin alone (a connection state, a status)
+            // changes only the identity's own entries as long as the identity exists before
+            // and after: the twin's entries are the same on both sides, so it is not read.
+            let twin_written = writes_twin(batch, &twin_key);
+            let (old_identity, mut old_twin) = state(raw, None, &twin_key, twin_written)?;
+            let (new_identity, mut new_twin) = state(raw, Some(batch), &twin_key, twin_written)?;
+            if !twin_written && (old_identity.is_none() || new_identity.is_none()) {
+                old_twin = state(raw, None, &twin_key, true)?.1;
+                new_twin.clone_from(&old_twin);
+            }
             let old = entries(&def, &twin_key, old_identity.as_ref(), old_twin.as_ref());
             let new = entries(&def, &twin_key, new_identity.as_ref(), new_twin.as_ref());
             for k in old.difference(&new) {
