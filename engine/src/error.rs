@@ -45,6 +45,12 @@ pub enum StorageError {
     /// The store was opened read-only.
     #[error("storage was opened read-only")]
     ReadOnly,
+    /// A call made without waiting ([`crate::Store::without_waiting`]) would have had to wait:
+    /// for a disk read, a lock, or room in the commit queue. The step refused changed nothing;
+    /// [`crate::Store::without_waiting`] reports it, and the caller makes the call again where
+    /// waiting is allowed.
+    #[error("the call would have had to wait")]
+    WouldBlock,
 }
 
 /// Why the store could not be opened.

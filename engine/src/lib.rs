@@ -268,6 +268,21 @@ impl Store {
         self.raw.checkpoint(dir)
     }
 
+    /// Runs `f` on this thread as far as it goes without waiting: reads come from memory
+    /// (memtables and the block cache) only, a write is queued only if the commit queue has
+    /// room and never waited for, and a device's stripe or the notification sequence is only
+    /// tried. `None` when some step would have waited; that step changed nothing. For a caller
+    /// on a thread that must not block (an async runtime's worker), which then makes the same
+    /// call where it may wait.
+    ///
+    /// The calls that keep to this are the reads, [`Store::load_session`],
+    /// [`Store::delete_session`] and [`Store::record_connection_then`]. `f` must make at most
+    /// one write, as its last step, so that a refused `f` has changed nothing as a whole.
+    pub fn without_waiting<T>(&self, f: impl FnOnce(&Store) -> T) -> Option<T> {
+        let (out, refused) = raw::no_wait::run(|| f(self));
+        (!refused).then_some(out)
+    }
+
     /// Whether the engine refuses every write after a failed durable write (restart to recover).
     pub fn is_poisoned(&self) -> bool {
         self.raw.is_poisoned()

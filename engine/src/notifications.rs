@@ -22,7 +22,7 @@ use ferrohub_migrations::cf;
 
 use crate::error::StorageError;
 use crate::model::UnixMillis;
-use crate::raw::Batch;
+use crate::raw::{no_wait, Batch};
 use crate::twin::document::json_text;
 use crate::Store;
 
@@ -186,8 +186,13 @@ impl Store {
         // the sequence lock, which every twin write in the hub takes: held across those reads it
         // serialised all devices' patches. The caller's stripe locks order each twin's writes.
         let mut staged = self.raw.stage_pipelined(batch)?;
-        // IMPORTANT: assign and submit under one lock so records commit in key order.
-        let mut next = self.twin_sequence.lock();
+        // IMPORTANT: assign and submit under one lock so records commit in key order. Its
+        // holder may wait for room in the commit queue, so a call without waiting only tries it.
+        let mut next = if no_wait::active() {
+            self.twin_sequence.try_lock().ok_or_else(no_wait::refuse)?
+        } else {
+            self.twin_sequence.lock()
+        };
         let first = *next;
         number_notifications(staged.batch_mut(), notes, &mut next);
         let result = self.raw.queue_pipelined(

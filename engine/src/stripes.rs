@@ -19,6 +19,9 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::error::StorageError;
+use crate::raw::no_wait;
+
 const STRIPES: usize = 256;
 
 #[derive(Default)]
@@ -74,6 +77,28 @@ impl Stripes {
 
     pub(crate) fn lock(&self, device_id: &str) -> StripeGuard {
         self.acquire(Self::index(device_id))
+    }
+
+    /// [`Stripes::lock`], but only tried in a call made without waiting: a stripe may be held
+    /// until a queued write is durable.
+    ///
+    /// # Errors
+    /// [`StorageError::WouldBlock`] when the stripe is held and this thread must not wait.
+    pub(crate) fn lock_unless_waiting(&self, device_id: &str) -> Result<StripeGuard, StorageError> {
+        let index = Self::index(device_id);
+        if !no_wait::active() {
+            return Ok(self.acquire(index));
+        }
+        let stripe = &self.locks[index];
+        let mut held = stripe.held.try_lock().ok_or_else(no_wait::refuse)?;
+        if *held {
+            return Err(no_wait::refuse());
+        }
+        *held = true;
+        Ok(StripeGuard {
+            locks: Arc::clone(&self.locks),
+            index,
+        })
     }
 
     pub(crate) fn lock_many<'a, I: IntoIterator<Item = &'a str>>(

@@ -21,15 +21,7 @@ fn msg(id: &str) -> C2dMessage {
 }
 
 fn settings() -> QueueSettings {
-    QueueSettings {
-        max_depth: 2,
-        default_ttl_ms: 60_000,
-        max_delivery_count: 3,
-        lock_timeout_ms: 60_000,
-        feedback_ttl_ms: 60_000,
-        feedback_max_delivery_count: 2,
-        feedback_batch: 100,
-    }
+    common::queue_settings(2)
 }
 
 /// Runs a `*_then` call and returns the answer its callback got.

@@ -640,7 +640,7 @@ impl Store {
         now: UnixMillis,
         done: impl FnOnce(Result<(), StorageError>) + Send + 'static,
     ) -> Result<Option<Identity>, RegistryError> {
-        let _guard = self.stripes.lock(device_id);
+        let _guard = self.stripes.lock_unless_waiting(device_id)?;
         let mut txn = Txn::new(self);
         let out = txn.record_connection(device_id, module_id, connected, now)?;
         // Nobody is told a connection state is durable, and seed 002 lets it lag; syncing

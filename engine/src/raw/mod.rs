@@ -8,17 +8,20 @@
 //!   [`Raw::scan_values_from_prev`]) serve records of several frames, whose owner checks each.
 //! - Writes happen only through [`Raw::commit`] (one atomic batch, durable before it returns in
 //!   [`Durability::Synced`] mode) or through the migration adapter before the store is shared.
+//! - Every read and every queueing honours this thread's [`no_wait`] mode: memory-only reads,
+//!   no synchronous commit, no wait for room in the commit queue.
 
 mod commit;
 mod inflight;
 mod migrate;
+pub(crate) mod no_wait;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use ferrohub_migrations::{cf, m0002_registry_counters::DeviceCounters, record};
 use rocksdb::{
-    ColumnFamilyDescriptor, Direction, IteratorMode, MergeOperands, Options, ReadOptions, DB,
+    ColumnFamilyDescriptor, Direction, IteratorMode, MergeOperands, Options, DB,
 };
 use serde::de::DeserializeOwned;
 
@@ -353,7 +356,7 @@ impl Raw {
         let handle = self.handle(cf)?;
         let bytes = self
             .db
-            .get_pinned_cf(handle, key)
+            .get_pinned_cf_opt(handle, key, &no_wait::read_options())
             .map_err(|e| self.classify(cf, key, e))?;
         match bytes {
             None => Ok(None),
@@ -384,7 +387,7 @@ impl Raw {
         mut visit: impl FnMut(&[u8], T) -> bool,
     ) -> Result<(), StorageError> {
         let handle = self.handle(cf)?;
-        let mut ro = ReadOptions::default();
+        let mut ro = no_wait::read_options();
         if let Some(end) = until {
             ro.set_iterate_upper_bound(end);
         }
@@ -411,7 +414,7 @@ impl Raw {
         mut visit: impl FnMut(&[u8]) -> bool,
     ) -> Result<(), StorageError> {
         let handle = self.handle(cf)?;
-        let mut ro = ReadOptions::default();
+        let mut ro = no_wait::read_options();
         if let Some(end) = until {
             ro.set_iterate_upper_bound(end);
         }
@@ -433,6 +436,9 @@ impl Raw {
         if batch.is_empty() {
             return Ok(());
         }
+        if no_wait::active() {
+            return Err(no_wait::refuse());
+        }
         self.run_hook(&mut batch)?;
         self.committer
             .as_ref()
@@ -442,6 +448,9 @@ impl Raw {
 
     /// Queues a batch in commit order without waiting; see [`Ticket::wait`].
     pub(crate) fn submit(&self, mut batch: Batch) -> Result<Ticket, StorageError> {
+        if no_wait::active() {
+            return Err(no_wait::refuse());
+        }
         self.run_hook(&mut batch)?;
         self.committer
             .as_ref()
@@ -473,22 +482,25 @@ impl Raw {
             return Ok(());
         }
         self.run_hook(&mut batch)?;
-        self.committer
-            .as_ref()
-            .ok_or(StorageError::ReadOnly)?
-            .submit_with(batch, done)
+        self.submit_with(batch, done)
     }
 
-    /// Queues a batch; `done` runs on the commit thread once it is durable.
+    /// Queues a batch; `done` runs on the commit thread once it is durable. Without waiting
+    /// ([`no_wait`]) a full queue refuses the batch, and `done` is dropped unrun.
     pub(crate) fn submit_with(
         &self,
         batch: Batch,
         done: CommitCallback,
     ) -> Result<(), StorageError> {
-        self.committer
-            .as_ref()
-            .ok_or(StorageError::ReadOnly)?
-            .submit_with(batch, done)
+        let committer = self.committer.as_ref().ok_or(StorageError::ReadOnly)?;
+        if !no_wait::active() {
+            return committer.submit_with(batch, done);
+        }
+        if committer.try_submit_with(batch, done)? {
+            Ok(())
+        } else {
+            Err(no_wait::refuse())
+        }
     }
 
     /// Stages `batch`'s derived writes (the batch hook) and makes its tracked writes visible
@@ -512,9 +524,10 @@ impl Raw {
         staged: Pipelined,
         done: CommitCallback,
     ) -> Result<(), StorageError> {
-        let committer = self.committer.as_ref().ok_or(StorageError::ReadOnly)?;
         let Pipelined { batch, release } = staged;
-        committer.submit_with(
+        // Refused (without waiting, on a full queue): the callback is dropped unrun, and with
+        // it `release`, so the batch's writes are no longer visible in flight.
+        self.submit_with(
             batch,
             Box::new(move |result| {
                 // Durable (or failed) first, then visible only in RocksDB, then answered.
@@ -532,6 +545,9 @@ impl Raw {
 
     /// Queues a batch whose derived writes [`Raw::stage_derived`] staged.
     pub(crate) fn submit_staged(&self, batch: Batch) -> Result<Ticket, StorageError> {
+        if no_wait::active() {
+            return Err(no_wait::refuse());
+        }
         self.committer
             .as_ref()
             .ok_or(StorageError::ReadOnly)?
@@ -559,7 +575,7 @@ impl Raw {
         until: Vec<u8>,
     ) -> Result<Option<(Vec<u8>, Vec<u8>)>, StorageError> {
         let handle = self.handle(cf)?;
-        let mut ro = ReadOptions::default();
+        let mut ro = no_wait::read_options();
         ro.set_iterate_lower_bound(from.to_vec());
         ro.set_iterate_upper_bound(until);
         let mut it = self.db.raw_iterator_cf_opt(handle, ro);
@@ -584,7 +600,7 @@ impl Raw {
         mut visit: impl FnMut(&[u8], &[u8]) -> Result<bool, StorageError>,
     ) -> Result<(), StorageError> {
         let handle = self.handle(cf)?;
-        let mut ro = ReadOptions::default();
+        let mut ro = no_wait::read_options();
         ro.set_iterate_lower_bound(lower);
         ro.set_iterate_upper_bound(until);
         let mut it = self.db.raw_iterator_cf_opt(handle, ro);
@@ -605,12 +621,13 @@ impl Raw {
     /// The last key of a column family, if it has any.
     pub(crate) fn last_key(&self, cf: &'static str) -> Result<Option<Vec<u8>>, StorageError> {
         let handle = self.handle(cf)?;
-        let mut it = self.db.raw_iterator_cf(handle);
+        let mut it = self.db.raw_iterator_cf_opt(handle, no_wait::read_options());
         it.seek_to_last();
         if it.valid() {
             return Ok(it.key().map(<[u8]>::to_vec));
         }
-        it.status().map_err(backend)?;
+        it.status()
+            .map_err(|e| no_wait::refused_read(&e).unwrap_or_else(|| backend(e)))?;
         Ok(None)
     }
 
@@ -691,6 +708,9 @@ impl Raw {
     }
 
     fn classify(&self, cf: &'static str, key: &[u8], e: rocksdb::Error) -> StorageError {
+        if let Some(refused) = no_wait::refused_read(&e) {
+            return refused;
+        }
         if e.kind() == rocksdb::ErrorKind::Corruption {
             StorageError::Corruption {
                 cf,

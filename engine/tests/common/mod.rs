@@ -1,7 +1,7 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)]
 
-use ferrohub_engine::c2d::{Ack, C2dMessage};
+use ferrohub_engine::c2d::{Ack, C2dMessage, QueueSettings};
 use ferrohub_engine::model::{IdentitySpec, Status, UnixMillis};
 use ferrohub_engine::{Store, StoreConfig};
 use std::path::Path;
@@ -33,6 +33,19 @@ pub fn c2d_message(id: &str, ack: Ack) -> C2dMessage {
         ack,
         body: id.as_bytes().to_vec(),
         ..C2dMessage::default()
+    }
+}
+
+/// C2D queue settings of `max_depth` messages, a minute of TTL and lock, three deliveries.
+pub fn queue_settings(max_depth: u32) -> QueueSettings {
+    QueueSettings {
+        max_depth,
+        default_ttl_ms: 60_000,
+        max_delivery_count: 3,
+        lock_timeout_ms: 60_000,
+        feedback_ttl_ms: 60_000,
+        feedback_max_delivery_count: 2,
+        feedback_batch: 100,
     }
 }
 

@@ -193,7 +193,7 @@ impl Authenticator {
         let (d, m) = (who.device_id.clone(), who.module_id.clone());
         let name = who.to_string();
         self.store
-            .run(move |s| match &m {
+            .run_quick(move |s| match &m {
                 Some(m) => s.get_module(&d, m),
                 None => s.get_device(&d),
             })
@@ -263,7 +263,7 @@ impl Authenticator {
             AuthType::CertificateAuthority => {
                 let cas = self
                     .store
-                    .run(|s| s.list_certificate_authorities())
+                    .run_quick(|s| s.list_certificate_authorities())
                     .await
                     .map_err(|e| match e {
                         HubError::Storage(s) => AuthFailure::Unavailable(s),

@@ -2,9 +2,11 @@
 //! the [`Store`] through a [`StoreHandle`], and nothing else holds the store.
 //!
 //! # Invariants
-//! - No engine call runs on a runtime worker thread: [`StoreHandle::run`] moves a call to
-//!   tokio's blocking pool, and device messages go through an [`AppendLane`], which routes and
-//!   stages them there too.
+//! - No engine call that may wait runs on a runtime worker thread: [`StoreHandle::run`] moves
+//!   a call to tokio's blocking pool, device messages go through an [`AppendLane`], which
+//!   routes and stages them there too (or in place when nothing can make them wait), and
+//!   [`StoreHandle::run_quick`] runs a call in place only in the engine's no-waiting mode
+//!   (`Store::without_waiting`), moving it to the pool when it would wait.
 //! - Writes that do not wait for their own durability (lane appends) are admitted first: an
 //!   async permit, one per staged batch, returned when its write completed. At most the engine's
 //!   commit queue depth is admitted, so a stalled disk suspends the writing tasks at admission
@@ -88,6 +90,29 @@ impl StoreHandle {
                 "engine task failed: {e}"
             )))),
         }
+    }
+
+    /// Runs `f` here, on the calling runtime thread, when it can finish without waiting
+    /// (`Store::without_waiting`: reads from memory, locks free, room in the commit queue);
+    /// otherwise, or while storage recovery holds the store, as [`StoreHandle::run`] does. For
+    /// the few microseconds of engine work on a connect, which cost several times that as two
+    /// thread hand-offs (issue 19). `f` is cloned for the second attempt, so it must keep to
+    /// `without_waiting`'s rule: at most one write, as its last step.
+    ///
+    /// # Errors
+    /// As [`StoreHandle::run`].
+    pub async fn run_quick<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&Store) -> Result<T, E> + Clone + Send + 'static,
+        T: Send + 'static,
+        E: From<StorageError> + Send + 'static,
+    {
+        if let Some(store) = self.slot.try_current() {
+            if let Some(done) = store.without_waiting(f.clone()) {
+                return done;
+            }
+        }
+        self.run(f).await
     }
 
     /// Runs `f` on the staging pool, where it queues a write and hands `done` to the commit

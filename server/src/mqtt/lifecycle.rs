@@ -3,7 +3,7 @@
 //! the connection ends without a DISCONNECT.
 
 use ferrohub_engine::model::UnixMillis;
-use ferrohub_engine::{StorageError, Store};
+use ferrohub_engine::{RegistryError, StorageError, Store};
 
 use crate::hub::connections::Registration;
 use crate::hub::HubContext;
@@ -22,7 +22,7 @@ pub(super) async fn record_connection(ctx: &HubContext, auth: &Authenticated, co
     let now = ctx.clock.now();
     let staged = ctx
         .store
-        .run(move |s| {
+        .run_quick(move |s| {
             stage_connection(s, &who, connected, now);
             Ok::<(), StorageError>(())
         })
@@ -33,8 +33,9 @@ pub(super) async fn record_connection(ctx: &HubContext, auth: &Authenticated, co
 }
 
 /// [`record_connection`]'s engine call, for a caller already on the store's side of the seam
-/// (the CONNECT stages it with the session, in one trip). A failure is logged: the state is a
-/// debugging aid, and the connection goes on.
+/// (the CONNECT stages it with the session, in one call). A failure is logged: the state is a
+/// debugging aid, and the connection goes on. A call made without waiting that would have
+/// waited is not a failure: `Store::without_waiting` reports it, and the call is made again.
 pub(super) fn stage_connection(store: &Store, who: &Identity, connected: bool, now: UnixMillis) {
     let durable = |result: Result<(), StorageError>| {
         if let Err(e) = result {
@@ -42,8 +43,9 @@ pub(super) fn stage_connection(store: &Store, who: &Identity, connected: bool, n
         }
     };
     let (d, m) = (who.device_id.as_str(), who.module_id.as_deref());
-    if let Err(e) = store.record_connection_then(d, m, connected, now, durable) {
-        tracing::warn!(error = %e, "cannot record connection state");
+    match store.record_connection_then(d, m, connected, now, durable) {
+        Ok(_) | Err(RegistryError::Storage(StorageError::WouldBlock)) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot record connection state"),
     }
 }
 

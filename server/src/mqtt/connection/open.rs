@@ -106,14 +106,15 @@ where
     let registration = ctx.connections.register(&auth.who, outbound_tx);
 
     let persistent = !connect.clean_session();
-    // The session and the "connected" state in one trip to the store: each trip is two thread
-    // wake-ups, which cost a connect more than the engine work itself (issue 19).
+    // The session and the "connected" state in one call, made in place when nothing in it has
+    // to wait: a trip to a blocking thread is two thread wake-ups, which cost a connect more
+    // than the engine work itself (issue 19). The state is the call's one write, and its last.
     let stored = {
         let id = client_id.clone();
         let who = auth.who.clone();
         let now = ctx.clock.now();
         ctx.store
-            .run(move |s| {
+            .run_quick(move |s| {
                 let session = if persistent {
                     s.load_session(&id)?
                 } else {
