@@ -17,65 +17,27 @@ duration and stops by itself.
 import base64
 import json
 import os
-import resource
-import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 hub_bin, mqttload, work, out_path = sys.argv[1], sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
 os.environ["FERROHUB_BIN"] = hub_bin
-from hubkit import Hub, sas_token  # noqa: E402
+from hubkit import Hub  # noqa: E402
 from jobkit import import_devices  # noqa: E402
+from yardstick import (figures, median, raise_nofile, run_mqttload, scenarios,  # noqa: E402
+                       wait_quiet, write_creds)
 
 PROFILE = os.environ.get("PROFILE") == "1"
 REPEAT = int(os.environ.get("REPEAT", "3"))
 IDLE_REPEAT = int(os.environ.get("IDLE_REPEAT", "1"))
 DEVICES = 19000
 KEY = base64.b64encode(b"b" * 32).decode()
-TOPIC = "devices/{client_id}/messages/events/"
-PUBLISH = ["publish", "--qos", "1", "--payload", "256", "--topic", TOPIC, "--warmup", "3"]
-
-# name -> (mqttload arguments, repetitions). Idle memory comes first, on servers that have
-# carried no load yet: memory an allocator kept from earlier runs is reused by new connections,
-# which makes "RSS growth per connection" meaningless after a flood (seen: -0.3 KiB). For the
-# same reason idle runs once per server by default (IDLE_REPEAT).
-SCENARIOS = {
-    "idle5000": (["idle", "-c", "5000", "--connect-rate", "1000", "-d", "10"], IDLE_REPEAT),
-    "idle19000": (["idle", "-c", "19000", "--connect-rate", "1000", "-d", "10"], IDLE_REPEAT),
-    "pub100": (PUBLISH + ["-c", "100", "--inflight", "10", "-d", "13"], REPEAT),
-    "pub1000": (PUBLISH + ["-c", "1000", "--inflight", "10", "-d", "13"], REPEAT),
-    "rate10k": (PUBLISH + ["-c", "100", "--rate", "100", "--inflight", "10", "-d", "13"], REPEAT),
-    "single": (PUBLISH + ["-c", "1", "--inflight", "10", "-d", "13"], REPEAT),
-    "connect-full": (["connect-rate", "-c", "8", "-d", "10", "--tls-no-resume"], REPEAT),
-    "connect-resumed": (["connect-rate", "-c", "8", "-d", "10"], REPEAT),
-}
-
-
-def raise_nofile():
-    resource.setrlimit(resource.RLIMIT_NOFILE, (20000, 20000))
-
-
-def cpu_busy():
-    """Machine CPU busy fraction over 1 s (all cores)."""
-    def sample():
-        f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-        return sum(f), f[3] + f[4]
-    t0, i0 = sample()
-    time.sleep(1)
-    t1, i1 = sample()
-    return 1 - (i1 - i0) / max(1, t1 - t0)
-
-
-def wait_quiet(limit=0.10, timeout=20):
-    """One run's backlog must not leak into the next: wait until the machine is quiet."""
-    deadline = time.time() + timeout
-    while cpu_busy() > limit and time.time() < deadline:
-        pass
+SCENARIOS = scenarios(REPEAT, IDLE_REPEAT)
 
 
 class Target:
@@ -110,9 +72,6 @@ class Mosquitto:
 
 def run(target, scenario, rep, creds, ca):
     args, _ = SCENARIOS[scenario]
-    cmd = [mqttload, *args, "--host", "127.0.0.1", "--port", str(target.port), "--tls",
-           "--tls-version", "1.2", "--ca-file", ca, "--sni", "localhost", "--creds-file", creds,
-           "--server-pid", str(target.pid), "--label", f"{target.name}/{scenario}/{rep}"]
     wait_quiet()
     perf = None
     if PROFILE and target.name == "ferrohub" and rep == 1:
@@ -120,35 +79,14 @@ def run(target, scenario, rep, creds, ca):
         perf = subprocess.Popen(["sh", "-c", f"sleep 5; exec perf record -F 999 -g -p {target.pid} "
                                  f"-o {work}/perf-{scenario}.data -- sleep 7"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, preexec_fn=raise_nofile)
+    result = run_mqttload(mqttload, args, target.port, target.pid, creds, ca,
+                          f"{target.name}/{scenario}/{rep}", quiet_first=False)
     if perf:
         perf.wait(30)
-    if p.returncode != 0 or not p.stdout.strip():
-        print(f"{target.name} {scenario}: mqttload failed\n{p.stderr[-2000:]}", file=sys.stderr)
+    if result is None:
         return None
-    result = json.loads(p.stdout.strip().splitlines()[-1])
     result.update(target=target.name, scenario=scenario, rep=rep)
     return result
-
-
-def figures(r):
-    """The headline figures of one run."""
-    if r["scenario"].startswith("idle"):
-        return {"kib_per_conn": r.get("server_kb_per_conn")}
-    if r["scenario"].startswith("connect"):
-        return {"connects_per_s": r.get("connects_per_s")}
-    cpu = r["cpu"]
-    rate = r["msgs_per_s"]
-    lat = r.get("puback_latency") or {}
-    msgs = rate * cpu["wall_s"]
-    ms = lambda k: lat[k] / 1000 if k in lat else None  # noqa: E731
-    return {"msgs_per_s": rate, "p50_ms": ms("p50_us"), "p99_ms": ms("p99_us"),
-            "server_us_per_msg": 1e6 * cpu["server_cpu_s"] / msgs if msgs else None}
-
-
-def median(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
 
 
 def main():
@@ -163,11 +101,7 @@ def main():
         import_devices(hub, work, ({"id": f"b{i:05d}", "authentication": {
             "type": "sas", "symmetricKey": {"primaryKey": KEY, "secondaryKey": KEY}}} for i in range(DEVICES)))
         creds = work / "devices.tsv"
-        with open(creds, "w") as f:
-            for i in range(DEVICES):
-                d = f"b{i:05d}"
-                f.write(f"{d}\tlocalhost/{d}/?api-version=2021-04-12\t"
-                        f"{sas_token(f'localhost/devices/{d}', KEY, ttl=86400)}\n")
+        write_creds(creds, DEVICES, KEY)
         # A fresh process: the import's memory must not count as room for idle connections.
         hub.stop()
         hub.start(["--config", str(config)])
@@ -183,7 +117,7 @@ def main():
                         r = run(target, scenario, rep, str(creds), str(tls / "ca.pem"))
                         if r is None:
                             continue
-                        r["figures"] = figures(r)
+                        r["figures"] = figures(scenario, r)
                         results.append(r)
                         out.write(json.dumps(r) + "\n")
                         out.flush()
