@@ -138,3 +138,40 @@ fn lagging_writes_are_written_at_once_and_synced_within_the_bound() {
         "a sync owed after a synced write"
     );
 }
+
+/// A batch that may lag does not wake the committer by itself: lagging batches queued while
+/// it naps after a lagging write share its next write, where a thread woken for each one wrote
+/// them one by one. A synced write queued in between is still written (and answered).
+#[test]
+fn lagging_batches_queued_close_together_share_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::store_with_device(dir.path());
+    let before = store.commit_stats();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let batches = 200;
+    for i in 0..batches {
+        let tx = tx.clone();
+        store
+            .record_connection_then("d", None, i % 2 == 0, common::at(i), move |r| {
+                tx.send(r).unwrap()
+            })
+            .unwrap();
+        if i == batches / 2 {
+            store
+                .create_device("e", &IdentitySpec::default(), common::at(i))
+                .unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+    for _ in 0..batches {
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap()
+            .unwrap();
+    }
+    let writes = store.commit_stats().writes - before.writes;
+    assert!(
+        writes <= (batches / 5) as u64,
+        "{writes} writes for {batches} lagging batches queued 50 us apart"
+    );
+    assert!(store.get_device("e").is_ok());
+}

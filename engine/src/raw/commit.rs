@@ -17,6 +17,10 @@
 //!   is one ordered log, a synced write makes every earlier write durable too; a written but
 //!   unsynced lagging write is synced by the thread itself at most [`LAG_SYNC_WITHIN`] later,
 //!   and before the thread ends.
+//! - A batch that may lag does not wake the thread by itself: after writing a group of only
+//!   such batches the thread naps for [`LAG_NAP`], so lagging batches queued meanwhile share
+//!   its next write. A batch that may not lag ends the nap as it is queued, so it waits for
+//!   no nap (see [`Wake`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
@@ -41,6 +45,10 @@ pub const DEFAULT_QUEUE_DEPTH: usize = 8192;
 /// state lag by up to five minutes; a second keeps the window a machine crash can lose small
 /// while a connect storm, whose records all may lag, costs about one sync a second.
 pub const LAG_SYNC_WITHIN: Duration = Duration::from_secs(1);
+/// How long the thread naps after a group of lagging batches. A connect storm queues two
+/// such batches per connection (connected, disconnected), and a thread woken for each one
+/// spent more on the wake-ups than on the writes (issue 19).
+pub const LAG_NAP: Duration = Duration::from_millis(1);
 
 /// Counters that show group commit at work: `commits / writes` is the mean group size.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -90,6 +98,7 @@ struct Pending {
 
 #[derive(Default)]
 struct Shared {
+    wake: Wake,
     commits: AtomicU64,
     writes: AtomicU64,
     syncs: AtomicU64,
@@ -107,6 +116,51 @@ impl Shared {
         while *holds > 0 {
             holds = self.released.wait(holds).unwrap_or_else(|p| p.into_inner());
         }
+    }
+}
+
+/// Ends the commit thread's nap when a batch that may not lag is queued.
+///
+/// The thread sets `napping` and then reads `urgent`; a submitter adds to `urgent` and then
+/// reads `napping` (both sequentially consistent). So either the thread sees the batch coming
+/// and does not nap, or the submitter sees the nap and unparks the thread; an unpark that
+/// comes before the park makes the park return at once.
+#[derive(Default)]
+struct Wake {
+    napping: AtomicBool,
+    /// Batches that may not lag, queued and not yet taken by the thread.
+    urgent: AtomicU64,
+    thread: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl Wake {
+    /// After a batch was queued.
+    fn queued(&self, may_lag: bool) {
+        if may_lag {
+            return;
+        }
+        self.urgent.fetch_add(1, Ordering::SeqCst);
+        if self.napping.load(Ordering::SeqCst) {
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// On the thread, for each batch it takes.
+    fn taken(&self, may_lag: bool) {
+        if !may_lag {
+            self.urgent.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// On the thread: naps up to `nap` unless a batch that may not lag is queued or comes.
+    fn nap(&self, nap: Duration) {
+        self.napping.store(true, Ordering::SeqCst);
+        if self.urgent.load(Ordering::SeqCst) == 0 {
+            std::thread::park_timeout(nap);
+        }
+        self.napping.store(false, Ordering::SeqCst);
     }
 }
 
@@ -137,7 +191,10 @@ impl Committer {
         let worker_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("ferrohub-commit".into())
-            .spawn(move || run(db, durability, rx, worker_shared))
+            .spawn(move || {
+                let _ = worker_shared.wake.thread.set(std::thread::current());
+                run(db, durability, rx, worker_shared)
+            })
             .expect("spawning the commit thread");
         Committer {
             tx: Mutex::new(Some(tx)),
@@ -185,11 +242,15 @@ impl Committer {
             return Err(StorageError::Poisoned);
         }
         let tx = self.tx.lock().clone().ok_or(StorageError::Closed)?;
+        let may_lag = batch.may_lag;
         match tx.try_send(Pending {
             batch,
             reply: Reply::Callback(done),
         }) {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                self.shared.wake.queued(may_lag);
+                Ok(true)
+            }
             Err(TrySendError::Full(_)) => Ok(false),
             Err(TrySendError::Disconnected(_)) => Err(StorageError::Closed),
         }
@@ -201,8 +262,11 @@ impl Committer {
         }
         // Clone the sender so the lock is not held while blocked on a full queue.
         let tx = self.tx.lock().clone().ok_or(StorageError::Closed)?;
+        let may_lag = pending.batch.may_lag;
         // Blocks when QUEUE_DEPTH batches wait: the backpressure point.
-        tx.send(pending).map_err(|_| StorageError::Closed)
+        tx.send(pending).map_err(|_| StorageError::Closed)?;
+        self.shared.wake.queued(may_lag);
+        Ok(())
     }
 
     pub(crate) fn is_poisoned(&self) -> bool {
@@ -262,14 +326,19 @@ fn run(db: Arc<DB>, durability: Durability, rx: Receiver<Pending>, shared: Arc<S
             Next::Closed => break,
         };
         shared.wait_while_held();
+        shared.wake.taken(first.batch.may_lag);
         let mut group = vec![first];
         while group.len() < MAX_GROUP && group[group.len() - 1].batch.switch_memtable.is_none() {
             match rx.try_recv() {
-                Ok(p) => group.push(p),
+                Ok(p) => {
+                    shared.wake.taken(p.batch.may_lag);
+                    group.push(p);
+                }
                 Err(_) => break,
             }
         }
-        let lags = !synced_mode || group.iter().all(|p| p.batch.may_lag);
+        let only_lagging = group.iter().all(|p| p.batch.may_lag);
+        let lags = !synced_mode || only_lagging;
         let result = write_group(&db, if lags { &unsynced } else { &synced }, &group, &shared);
         if synced_mode && result.is_ok() {
             if lags {
@@ -287,6 +356,9 @@ fn run(db: Arc<DB>, durability: Durability, rx: Receiver<Pending>, shared: Arc<S
             .fetch_add(group.len() as u64, Ordering::Relaxed);
         for p in group {
             p.reply.send(result.clone());
+        }
+        if only_lagging && result.is_ok() {
+            shared.wake.nap(LAG_NAP);
         }
     }
     if lagging_since.is_some() {
