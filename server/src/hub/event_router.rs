@@ -51,8 +51,11 @@ pub async fn run(ctx: HubContext, wake: Arc<Notify>, shutdown: CancellationToken
                 };
                 let next = last.sequence + 1;
                 let at = clock.now();
+                // A notification whose source no route takes is routed nowhere: it is not
+                // shaped as an event (under a connect storm, two per connection).
                 let events: Vec<NewEvent> = notes
                     .iter()
+                    .filter(|n| router.routes_source(n.op.source()))
                     .flat_map(|n| {
                         let event = to_event(n, router.hub_name());
                         router.route(

@@ -66,6 +66,8 @@ pub struct Table {
     /// Every device message goes to the built-in endpoint alone, unchanged (see
     /// [`Router::sends_device_messages_to_builtin_only`]).
     builtin_only: bool,
+    /// The sources some enabled route (or, for device messages, the fallback route) takes.
+    routed_sources: Vec<EventSource>,
     routes: Vec<CompiledRoute>,
     fallback: bool,
     enrichments: Vec<CompiledEnrichment>,
@@ -183,9 +185,18 @@ pub fn compile(
         && !enrichments
             .iter()
             .any(|e| e.endpoints.iter().any(|n| n == BUILTIN_ENDPOINT));
+    let mut routed_sources: Vec<EventSource> = routes
+        .iter()
+        .filter(|r| r.enabled)
+        .map(|r| r.source)
+        .collect();
+    if config.fallback_enabled {
+        routed_sources.push(EventSource::DeviceMessages);
+    }
     Ok(Table {
         reads_twins,
         builtin_only,
+        routed_sources,
         routes,
         fallback: config.fallback_enabled,
         enrichments,
@@ -247,6 +258,13 @@ impl Router {
     /// `None` goes to the built-in endpoint, as the fallback route would send it.
     pub fn sends_device_messages_to_builtin_only(&self) -> bool {
         self.table.read().builtin_only
+    }
+
+    /// Whether any event of `source` can go anywhere under the current table: an enabled route
+    /// takes the source, or it is device messages and the fallback route is on. Events of
+    /// other sources are routed nowhere whatever they hold, so they need not be shaped.
+    pub fn routes_source(&self, source: EventSource) -> bool {
+        self.table.read().routed_sources.contains(&source)
     }
 
     /// Routes a device message when the current table reads no twin, so no storage is
@@ -433,6 +451,49 @@ mod tests {
             message().application_properties
         );
         assert_eq!(routed[0].endpoints.as_ref().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn only_sources_an_enabled_route_or_the_fallback_takes_are_routed() {
+        let slot = |_: &str| {
+            Some(EndpointSlot {
+                base: 0,
+                partitions: 4,
+                id: 0,
+            })
+        };
+        let table = |routes: Vec<(EventSource, bool)>, fallback_enabled| {
+            let config = RoutingConfig {
+                routes: routes
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (source, enabled))| Route {
+                        name: format!("r{i}"),
+                        source,
+                        condition: "true".into(),
+                        endpoints: vec![BUILTIN_ENDPOINT.into()],
+                        enabled,
+                    })
+                    .collect(),
+                fallback_enabled,
+                enrichments: Vec::new(),
+            };
+            Router::new(compile(&config, &slot).expect("compiles"), "hub")
+        };
+        let none = table(Vec::new(), true);
+        assert!(none.routes_source(EventSource::DeviceMessages));
+        assert!(!none.routes_source(EventSource::DeviceConnectionStateEvents));
+        assert!(!none.routes_source(EventSource::TwinChangeEvents));
+        let connections = table(
+            vec![
+                (EventSource::DeviceConnectionStateEvents, true),
+                (EventSource::TwinChangeEvents, false),
+            ],
+            false,
+        );
+        assert!(connections.routes_source(EventSource::DeviceConnectionStateEvents));
+        assert!(!connections.routes_source(EventSource::TwinChangeEvents));
+        assert!(!connections.routes_source(EventSource::DeviceMessages));
     }
 
     #[test]
