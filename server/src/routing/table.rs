@@ -377,6 +377,14 @@ mod tests {
 
     use super::*;
 
+    fn slot(_: &str) -> Option<EndpointSlot> {
+        Some(EndpointSlot {
+            base: 0,
+            partitions: 4,
+            id: 0,
+        })
+    }
+
     fn router(conditions: &[(&str, bool)], enrichment: Option<&str>) -> Router {
         let config = RoutingConfig {
             routes: conditions
@@ -399,13 +407,6 @@ mod tests {
                 })
                 .into_iter()
                 .collect(),
-        };
-        let slot = |_: &str| {
-            Some(EndpointSlot {
-                base: 0,
-                partitions: 4,
-                id: 0,
-            })
         };
         Router::new(compile(&config, &slot).expect("compiles"), "hub")
     }
@@ -432,13 +433,6 @@ mod tests {
             fallback_enabled: false,
             ..RoutingConfig::default()
         };
-        let slot = |_: &str| {
-            Some(EndpointSlot {
-                base: 0,
-                partitions: 4,
-                id: 0,
-            })
-        };
         let dropping = Router::new(compile(&no_fallback, &slot).expect("compiles"), "hub");
         assert!(!dropping.sends_device_messages_to_builtin_only());
         // What routing itself does with such a table: the message, unchanged, to one endpoint.
@@ -455,13 +449,6 @@ mod tests {
 
     #[test]
     fn only_sources_an_enabled_route_or_the_fallback_takes_are_routed() {
-        let slot = |_: &str| {
-            Some(EndpointSlot {
-                base: 0,
-                partitions: 4,
-                id: 0,
-            })
-        };
         let table = |routes: Vec<(EventSource, bool)>, fallback_enabled| {
             let config = RoutingConfig {
                 routes: routes
