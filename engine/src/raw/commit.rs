@@ -121,10 +121,12 @@ impl Shared {
 
 /// Ends the commit thread's nap when a batch that may not lag is queued.
 ///
-/// The thread sets `napping` and then reads `urgent`; a submitter adds to `urgent` and then
-/// reads `napping` (both sequentially consistent). So either the thread sees the batch coming
-/// and does not nap, or the submitter sees the nap and unparks the thread; an unpark that
-/// comes before the park makes the park return at once.
+/// The thread sets `napping` and then reads `urgent`; a submitter adds to `urgent` before it
+/// queues the batch and reads `napping` after (all sequentially consistent). So either the
+/// thread sees the batch coming and does not nap (it then waits for it on the queue), or the
+/// submitter sees the nap and unparks the thread; an unpark that comes before the park makes
+/// the park return at once. Counting before queueing keeps `urgent` from dropping below the
+/// batches really on their way.
 #[derive(Default)]
 struct Wake {
     napping: AtomicBool,
@@ -134,13 +136,21 @@ struct Wake {
 }
 
 impl Wake {
-    /// After a batch was queued.
-    fn queued(&self, may_lag: bool) {
+    /// Before a batch is queued.
+    fn coming(&self, may_lag: bool) {
+        if !may_lag {
+            self.urgent.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// After it was queued (`queued`) or not (a full or closed queue).
+    fn sent(&self, may_lag: bool, queued: bool) {
         if may_lag {
             return;
         }
-        self.urgent.fetch_add(1, Ordering::SeqCst);
-        if self.napping.load(Ordering::SeqCst) {
+        if !queued {
+            self.urgent.fetch_sub(1, Ordering::SeqCst);
+        } else if self.napping.load(Ordering::SeqCst) {
             if let Some(t) = self.thread.get() {
                 t.unpark();
             }
@@ -243,14 +253,14 @@ impl Committer {
         }
         let tx = self.tx.lock().clone().ok_or(StorageError::Closed)?;
         let may_lag = batch.may_lag;
-        match tx.try_send(Pending {
+        self.shared.wake.coming(may_lag);
+        let sent = tx.try_send(Pending {
             batch,
             reply: Reply::Callback(done),
-        }) {
-            Ok(()) => {
-                self.shared.wake.queued(may_lag);
-                Ok(true)
-            }
+        });
+        self.shared.wake.sent(may_lag, sent.is_ok());
+        match sent {
+            Ok(()) => Ok(true),
             Err(TrySendError::Full(_)) => Ok(false),
             Err(TrySendError::Disconnected(_)) => Err(StorageError::Closed),
         }
@@ -263,10 +273,11 @@ impl Committer {
         // Clone the sender so the lock is not held while blocked on a full queue.
         let tx = self.tx.lock().clone().ok_or(StorageError::Closed)?;
         let may_lag = pending.batch.may_lag;
+        self.shared.wake.coming(may_lag);
         // Blocks when QUEUE_DEPTH batches wait: the backpressure point.
-        tx.send(pending).map_err(|_| StorageError::Closed)?;
-        self.shared.wake.queued(may_lag);
-        Ok(())
+        let sent = tx.send(pending);
+        self.shared.wake.sent(may_lag, sent.is_ok());
+        sent.map_err(|_| StorageError::Closed)
     }
 
     pub(crate) fn is_poisoned(&self) -> bool {
