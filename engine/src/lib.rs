@@ -66,7 +66,7 @@ use parking_lot::Mutex;
 pub use error::{HubError, OpenError, RegistryError, StorageError, TwinError, ValidationError};
 pub use ferrohub_migrations::LATEST_VERSION as SCHEMA_VERSION;
 pub use model::UnixMillis;
-pub use raw::{CommitHold, CommitStats, Durability, LAG_SYNC_WITHIN};
+pub use raw::{CommitHold, CommitStats, Durability, LAG_NAP, LAG_SYNC_WITHIN};
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy)]
@@ -276,7 +276,8 @@ impl Store {
     /// call where it may wait.
     ///
     /// The calls that keep to this are the reads, [`Store::load_session`],
-    /// [`Store::delete_session`] and [`Store::record_connection_then`]. `f` must make at most
+    /// [`Store::delete_session`], [`Store::record_connection_then`] and
+    /// [`Store::record_disconnection_then`]. `f` must make at most
     /// one write, as its last step, so that a refused `f` has changed nothing as a whole.
     pub fn without_waiting<T>(&self, f: impl FnOnce(&Store) -> T) -> Option<T> {
         let (out, refused) = raw::no_wait::run(|| f(self));

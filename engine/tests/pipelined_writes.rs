@@ -311,6 +311,52 @@ fn an_index_entry_follows_the_connection_state_queued_before_it() {
 }
 
 #[test]
+fn a_disconnection_is_recorded_only_while_its_connection_is_current() {
+    // The check runs under the device's lock: a newer connection that registered first makes
+    // the ended one's "disconnected" stale, and it must not land after the newer "connected".
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open(dir.path());
+    store
+        .create_device("d", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let tx2 = tx.clone();
+    store
+        .record_connection_then("d", None, true, common::T0, move |r| tx2.send(r).unwrap())
+        .unwrap();
+    rx.recv().unwrap().unwrap();
+    let checked = std::cell::Cell::new(false);
+    let tx2 = tx.clone();
+    let skipped = store
+        .record_disconnection_then(
+            "d",
+            None,
+            common::T0,
+            || {
+                checked.set(true);
+                false
+            },
+            move |r| tx2.send(r).unwrap(),
+        )
+        .unwrap();
+    assert!(checked.get() && skipped.is_none());
+    rx.recv().unwrap().unwrap();
+    assert_eq!(
+        format!("{:?}", store.get_device("d").unwrap().connection_state),
+        "Connected"
+    );
+    let recorded = store
+        .record_disconnection_then("d", None, common::T0, || true, move |r| tx.send(r).unwrap())
+        .unwrap();
+    assert!(recorded.is_some());
+    rx.recv().unwrap().unwrap();
+    assert_eq!(
+        format!("{:?}", store.get_device("d").unwrap().connection_state),
+        "Disconnected"
+    );
+}
+
+#[test]
 fn a_clean_session_without_a_stored_session_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = common::open(dir.path());

@@ -24,6 +24,38 @@ fn state(store: &Store, device: &str) -> ConnectionState {
     store.get_device(device).unwrap().connection_state
 }
 
+/// A store whose commit queue holds one batch, with commits held and a connect of "d" and "e"
+/// queued: the committer waits on the hold with one, the other fills the queue. Dropping the
+/// hold lets both through; the receiver then yields their results.
+fn queue_full_of_connects(
+    dir: &std::path::Path,
+    devices: &[&str],
+) -> (Store, ferrohub_engine::CommitHold, mpsc::Receiver<Result<(), ferrohub_engine::StorageError>>) {
+    let store = Store::open(
+        dir,
+        StoreConfig {
+            commit_queue_depth: 1,
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
+    for d in devices {
+        store
+            .create_device(d, &IdentitySpec::default(), common::T0)
+            .unwrap();
+    }
+    let hold = store.hold_commits().unwrap();
+    let (tx, rx) = mpsc::channel();
+    for d in ["d", "e"] {
+        let tx = tx.clone();
+        store
+            .record_connection_then(d, None, true, common::T0, move |r| tx.send(r).unwrap())
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    (store, hold, rx)
+}
+
 #[test]
 fn a_read_from_memory_is_answered_and_one_from_disk_is_refused_until_it_is_cached() {
     let dir = tempfile::tempdir().unwrap();
@@ -101,29 +133,7 @@ fn a_connection_state_is_queued_in_place_unless_the_device_stripe_is_held() {
 #[test]
 fn a_full_commit_queue_refuses_the_connection_state_and_nothing_of_it_is_left() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(
-        dir.path(),
-        StoreConfig {
-            commit_queue_depth: 1,
-            ..StoreConfig::default()
-        },
-    )
-    .unwrap();
-    for d in ["d", "e", "f"] {
-        store
-            .create_device(d, &IdentitySpec::default(), common::T0)
-            .unwrap();
-    }
-    let hold = store.hold_commits().unwrap();
-    // The committer takes one batch and waits on the hold with it; the next fills the queue.
-    let (tx, rx) = mpsc::channel();
-    for d in ["d", "e"] {
-        let tx = tx.clone();
-        store
-            .record_connection_then(d, None, true, common::T0, move |r| tx.send(r).unwrap())
-            .unwrap();
-    }
-    std::thread::sleep(Duration::from_millis(200));
+    let (store, hold, rx) = queue_full_of_connects(dir.path(), &["d", "e", "f"]);
     assert_eq!(connect_without_waiting(&store, "f", true), None);
     assert_eq!(
         state(&store, "f"),
@@ -162,4 +172,41 @@ fn a_write_that_waits_for_its_sync_is_refused_and_not_made() {
     assert_eq!(store.commit_stats().writes, writes);
     store.delete_session("d").unwrap();
     assert!(store.load_session("d").unwrap().is_none());
+}
+
+#[test]
+fn a_refused_state_leaves_the_queued_state_before_it_visible_and_indexed() {
+    // A connect queued and not yet written, then the disconnect refused for a full queue after
+    // it was staged: the device must still read as connected (the queued state, not the
+    // durable one), and once both calls are made the index must match the device.
+    let dir = tempfile::tempdir().unwrap();
+    let (store, hold, rx) = queue_full_of_connects(dir.path(), &["d", "e"]);
+    assert_eq!(connect_without_waiting(&store, "d", false), None);
+    assert_eq!(
+        state(&store, "d"),
+        ConnectionState::Connected,
+        "the refused disconnect hid the queued connect"
+    );
+    drop(hold);
+    for _ in 0..2 {
+        rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    }
+    // Made again where it may wait, as the server does.
+    let (tx, rx) = mpsc::channel();
+    store
+        .record_connection_then("d", None, false, common::T0, move |r| tx.send(r).unwrap())
+        .unwrap();
+    rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!(state(&store, "d"), ConnectionState::Disconnected);
+    let disconnected = store
+        .twin_index_page(
+            false,
+            "connectionState",
+            &ferrohub_engine::twin_index::Probe::Eq(vec![serde_json::json!("Disconnected")]),
+            None,
+            10,
+        )
+        .unwrap()
+        .expect("indexed");
+    assert_eq!(disconnected.len(), 1, "the disconnected device is not indexed as such");
 }

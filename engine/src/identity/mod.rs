@@ -640,7 +640,41 @@ impl Store {
         now: UnixMillis,
         done: impl FnOnce(Result<(), StorageError>) + Send + 'static,
     ) -> Result<Option<Identity>, RegistryError> {
+        self.record_connection_if(device_id, module_id, connected, now, || true, done)
+    }
+
+    /// [`Store::record_connection_then`] for a connection that ended, recorded only if
+    /// `current()` still holds once the device's stripe is held: a newer connection of the
+    /// same identity that registered first then records its "connected" after this, or has
+    /// already made this one stale. Returns `None` (and runs `done` at once) when skipped.
+    ///
+    /// # Errors
+    /// As [`Store::record_connection_then`].
+    pub fn record_disconnection_then(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+        now: UnixMillis,
+        current: impl FnOnce() -> bool,
+        done: impl FnOnce(Result<(), StorageError>) + Send + 'static,
+    ) -> Result<Option<Identity>, RegistryError> {
+        self.record_connection_if(device_id, module_id, false, now, current, done)
+    }
+
+    fn record_connection_if(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+        connected: bool,
+        now: UnixMillis,
+        current: impl FnOnce() -> bool,
+        done: impl FnOnce(Result<(), StorageError>) + Send + 'static,
+    ) -> Result<Option<Identity>, RegistryError> {
         let _guard = self.stripes.lock_unless_waiting(device_id)?;
+        if !current() {
+            done(Ok(()));
+            return Ok(None);
+        }
         let mut txn = Txn::new(self);
         let out = txn.record_connection(device_id, module_id, connected, now)?;
         // Nobody is told a connection state is durable, and seed 002 lets it lag; syncing

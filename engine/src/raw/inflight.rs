@@ -7,9 +7,12 @@
 //! - Only batches staged through [`super::Raw::stage_pipelined`] are tracked, and only
 //!   their writes to [`TRACKED`] column families. Their writers hold the device's stripe lock
 //!   from the read to the submit, so for one key entries are made in commit order.
-//! - An entry leaves when the batch that made it is durable or has failed, unless a later batch
-//!   replaced it (generations). A failed write poisons the committer, so nothing written after
-//!   it commits either; the entry then only held what will never be stored, and is dropped.
+//! - A key holds the entries of every queued batch that wrote it, newest last, and reads see the
+//!   newest. An entry leaves when the batch that made it is durable, has failed, or was never
+//!   queued (withdrawn: a call made without waiting that was refused); the entries of other
+//!   batches stay. So a withdrawn batch uncovers the queued one it followed instead of the
+//!   durable state behind both. A failed write poisons the committer, so nothing written after
+//!   it commits either; the entries then only held what will never be stored, and are dropped.
 //! - Read-modify-writes read through [`Inflight::get`]; so do identity reads (a connection
 //!   state is shown once queued), while twin readers (twin reads, queries, exports) read
 //!   RocksDB and so see only durable twins.
@@ -31,12 +34,13 @@ type Staged = Option<Arc<[u8]>>;
 
 #[derive(Default)]
 pub(crate) struct Inflight {
-    entries: Mutex<HashMap<(&'static str, Vec<u8>), (u64, Staged)>>,
+    /// Per key, the queued batches' entries by generation, newest last.
+    entries: Mutex<HashMap<(&'static str, Vec<u8>), Vec<(u64, Staged)>>>,
     next_generation: AtomicU64,
 }
 
 /// Removes a batch's entries when dropped: after its commit callback, or when it was never
-/// queued.
+/// queued. Only this batch's own entries go; those of batches before and after it stay.
 pub(crate) struct Release {
     inflight: Arc<Inflight>,
     generation: u64,
@@ -47,11 +51,11 @@ impl Drop for Release {
     fn drop(&mut self) {
         let mut entries = self.inflight.entries.lock();
         for key in self.keys.drain(..) {
-            // Only this batch's own entry goes: a later batch may have replaced it.
-            if entries
-                .get(&key)
-                .is_some_and(|(g, _)| *g == self.generation)
-            {
+            let Some(stack) = entries.get_mut(&key) else {
+                continue;
+            };
+            stack.retain(|(g, _)| *g != self.generation);
+            if stack.is_empty() {
                 entries.remove(&key);
             }
         }
@@ -70,6 +74,7 @@ impl Inflight {
         }
         entries
             .get(&(cf_name, key.to_vec()))
+            .and_then(|stack| stack.last())
             .map(|(_, v)| v.clone())
     }
 
@@ -86,8 +91,15 @@ impl Inflight {
                 Op::Delete { cf, key } if TRACKED.contains(cf) => (*cf, key, None),
                 _ => continue,
             };
-            entries.insert((cf, key.clone()), (generation, staged));
-            keys.push((cf, key.clone()));
+            let stack = entries.entry((cf, key.clone())).or_default();
+            // A batch writing one key twice keeps its last value, as the batch does.
+            match stack.last_mut() {
+                Some((g, value)) if *g == generation => *value = staged,
+                _ => {
+                    stack.push((generation, staged));
+                    keys.push((cf, key.clone()));
+                }
+            }
         }
         Release {
             inflight: Arc::clone(self),
@@ -140,6 +152,34 @@ mod tests {
         );
         assert_eq!(inflight.get(cf::TWINS, b"d2"), Some(None));
         drop(second);
+        assert_eq!(inflight.get(cf::TWINS, b"d1"), None);
+        assert_eq!(inflight.len(), 0);
+    }
+
+    #[test]
+    fn a_withdrawn_batch_uncovers_the_queued_one_it_followed() {
+        let inflight = Arc::new(Inflight::default());
+        let queued = inflight.track(&Batch {
+            switch_memtable: None,
+            may_lag: false,
+            ops: vec![put(b"d1", b"v1")],
+        });
+        let withdrawn = inflight.track(&Batch {
+            switch_memtable: None,
+            may_lag: false,
+            ops: vec![put(b"d1", b"v2"), put(b"d1", b"v3")],
+        });
+        assert_eq!(
+            inflight.get(cf::TWINS, b"d1"),
+            Some(Some(Arc::from(&b"v3"[..])))
+        );
+        drop(withdrawn);
+        assert_eq!(
+            inflight.get(cf::TWINS, b"d1"),
+            Some(Some(Arc::from(&b"v1"[..]))),
+            "the queued batch's value must show again"
+        );
+        drop(queued);
         assert_eq!(inflight.get(cf::TWINS, b"d1"), None);
         assert_eq!(inflight.len(), 0);
     }

@@ -29,7 +29,7 @@ pub use commit::CommitCallback;
 pub use commit::CommitStats;
 use commit::Committer;
 pub(crate) use commit::Ticket;
-pub use commit::{CommitHold, DEFAULT_QUEUE_DEPTH, LAG_SYNC_WITHIN};
+pub use commit::{CommitHold, DEFAULT_QUEUE_DEPTH, LAG_NAP, LAG_SYNC_WITHIN};
 
 use crate::error::{KeyDisplay, OpenError, StorageError};
 
@@ -151,7 +151,8 @@ impl Batch {
     /// Lets the committer write this batch without a sync of its own: for state that nobody
     /// is told is durable and that may lag after a machine crash (a device's connection state,
     /// the router's cursor past notifications that routed nowhere). Its caller still hears
-    /// back only once it is written, so reads see it; the WAL makes it durable with the next
+    /// back only once it is written, so reads see it, which may be up to [`LAG_NAP`] after it
+    /// was queued (the committer naps after lagging writes); the WAL makes it durable with the next
     /// synced write, and the committer syncs it itself within [`LAG_SYNC_WITHIN`]. A process
     /// crash loses nothing: the WAL is in the kernel's page cache once written.
     pub(crate) fn may_lag(&mut self) {

@@ -105,11 +105,16 @@ impl Registration {
 
     /// Whether this is still the client id's current connection.
     pub fn is_current(&self) -> bool {
-        self.connections
-            .entries
-            .lock()
-            .get(&self.client_id)
-            .is_some_and(|e| e.id == self.id)
+        self.connections.holds(&self.client_id, self.id)
+    }
+
+    /// [`Registration::is_current`] as a check that can be made later on another thread: the
+    /// engine makes it under the device's lock, so a newer connection that registered first
+    /// is seen (see `Store::record_disconnection_then`).
+    pub fn current_check(&self) -> impl Fn() -> bool + Clone + Send + Sync + 'static {
+        let (connections, client_id, id) =
+            (Arc::clone(&self.connections), self.client_id.clone(), self.id);
+        move || connections.holds(&client_id, id)
     }
 }
 
@@ -134,6 +139,13 @@ impl Drop for Registration {
 impl Connections {
     pub fn new() -> Arc<Self> {
         Arc::new(Connections::default())
+    }
+
+    fn holds(&self, client_id: &ClientId, id: u64) -> bool {
+        self.entries
+            .lock()
+            .get(client_id)
+            .is_some_and(|e| e.id == id)
     }
 
     /// Registers a connection, kicking any older one with the same client id.

@@ -108,8 +108,18 @@ impl StoreHandle {
         E: From<StorageError> + Send + 'static,
     {
         if let Some(store) = self.slot.try_current() {
-            if let Some(done) = store.without_waiting(f.clone()) {
-                return done;
+            // A panic in the engine call ends the call, as on the pool, not the caller's task.
+            let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                store.without_waiting(f.clone())
+            }));
+            match attempt {
+                Ok(Some(done)) => return done,
+                Ok(None) => {}
+                Err(_) => {
+                    return Err(E::from(StorageError::Backend(
+                        "engine call panicked".into(),
+                    )))
+                }
             }
         }
         self.run(f).await

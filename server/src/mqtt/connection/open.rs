@@ -23,7 +23,7 @@ use super::{
 use crate::hub::connections::OUTBOUND_QUEUE;
 use crate::hub::HubContext;
 use crate::mqtt::authenticate::authenticate;
-use crate::mqtt::lifecycle::{finish, stage_connection};
+use crate::mqtt::lifecycle::{finish, stage_connection, Change};
 
 /// What an accepted CONNECT leaves for the rest of the connection.
 pub(super) struct Opened<IO> {
@@ -121,7 +121,7 @@ where
                     s.delete_session(&id)?;
                     None
                 };
-                stage_connection(s, &who, true, now);
+                stage_connection(s, &who, Change::Connected, now);
                 Ok::<_, ferrohub_engine::StorageError>(session)
             })
             .await
