@@ -276,8 +276,9 @@ impl Store {
     /// call where it may wait.
     ///
     /// The calls that keep to this are the reads, [`Store::load_session`],
-    /// [`Store::delete_session`], [`Store::record_connection_then`] and
-    /// [`Store::record_disconnection_then`]. `f` must make at most
+    /// [`Store::delete_session`], [`Store::record_connection_then`],
+    /// [`Store::record_disconnection_then`], [`Store::patch_reported_then`] and the C2D
+    /// queue's `*_then` calls (send, receive, settle). `f` must make at most
     /// one write, as its last step, so that a refused `f` has changed nothing as a whole.
     pub fn without_waiting<T>(&self, f: impl FnOnce(&Store) -> T) -> Option<T> {
         let (out, refused) = raw::no_wait::run(|| f(self));

@@ -210,3 +210,48 @@ fn a_refused_state_leaves_the_queued_state_before_it_visible_and_indexed() {
         .expect("indexed");
     assert_eq!(disconnected.len(), 1, "the disconnected device is not indexed as such");
 }
+
+#[test]
+fn a_reported_patch_is_queued_in_place_unless_the_device_stripe_is_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::store_with_device(dir.path());
+    let patch = |v: i64| {
+        let mut m = serde_json::Map::new();
+        m.insert("x".into(), serde_json::json!(v));
+        m
+    };
+    let reported_without_waiting = |v: i64| {
+        let (tx, rx) = mpsc::channel();
+        let queued = store.without_waiting(|s| {
+            s.patch_reported_then("d", None, &patch(v), common::T0, move |r| tx.send(r).unwrap())
+                .is_ok()
+        });
+        (queued, rx)
+    };
+    let (queued, rx) = reported_without_waiting(1);
+    assert_eq!(queued, Some(true));
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap(), 2);
+
+    // A C2D send holds the device's stripe until its write is durable; the disk is held.
+    let hold = store.hold_commits().unwrap();
+    let (tx, sent) = mpsc::channel();
+    store
+        .send_c2d_then(
+            "d",
+            common::c2d_message("m1", Ack::None),
+            common::T0,
+            &common::queue_settings(10),
+            move |r| tx.send(r.map(|_| ())).unwrap(),
+        )
+        .unwrap();
+    let (queued, rx) = reported_without_waiting(2);
+    assert_eq!(queued, None, "a held stripe must refuse the patch");
+    assert!(rx.recv_timeout(Duration::from_millis(50)).is_err(), "nothing was queued");
+    drop(hold);
+    sent.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    let twin = store.get_twin("d", None).unwrap();
+    assert_eq!(twin.record.reported.version, 2, "the refused patch changed nothing");
+    let (queued, rx) = reported_without_waiting(3);
+    assert_eq!(queued, Some(true));
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap(), 3);
+}

@@ -8,6 +8,8 @@
 //!   forms hold it across their commit: the next change of the queue reads what this one
 //!   wrote. What goes away is only the thread that used to wait for the sync.
 //! - On an error before anything is queued the call returns it and `done` is dropped unrun.
+//! - Without waiting (`Store::without_waiting`) the stripe is only tried: a stripe held until
+//!   another write of the device is durable refuses the call before it reads anything.
 
 use super::{C2dError, C2dMessage, Delivered, LockOnSend, QueueSettings, Sent, Settle, Settled};
 use crate::error::StorageError;
@@ -97,7 +99,7 @@ impl Store {
         done: impl FnOnce(Result<T, StorageError>) + Send + 'static,
         stage: impl FnOnce(&Store) -> Result<(crate::raw::Batch, T), C2dError>,
     ) -> Result<(), C2dError> {
-        let guard = self.stripes.lock(device_id);
+        let guard = self.stripes.lock_unless_waiting(device_id)?;
         let (batch, answer) = stage(self)?;
         self.raw.submit_then(
             batch,

@@ -257,7 +257,8 @@ impl Store {
     ///
     /// # Errors
     /// Not found, [`TwinError::Invalid`] (TWN-7) or storage, before anything is queued; `done`
-    /// is then dropped unrun.
+    /// is then dropped unrun. Without waiting (`Store::without_waiting`) the device's stripe
+    /// is only tried.
     pub fn patch_reported_then(
         &self,
         device_id: &str,
@@ -267,7 +268,7 @@ impl Store {
         done: impl FnOnce(Result<u64, StorageError>) + Send + 'static,
     ) -> Result<(), TwinError> {
         check_section(SectionKind::Reported, patch, true)?;
-        let _guard = self.stripes.lock(device_id);
+        let _guard = self.stripes.lock_unless_waiting(device_id)?;
         let identity = self.load_identity(device_id, module_id)?;
         let mut batch = Batch::default();
         let (note, outcome) = self.stage_twin(

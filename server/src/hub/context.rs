@@ -81,14 +81,16 @@ impl HubContext {
         let delivered = if self.connections.receives_c2d(&device_id) {
             let (sent, delivered) = self
                 .store
-                .run_then(move |s, done| s.send_c2d_locked_then(&id, message, at, &settings, done))
+                .run_then(move |s, done| {
+                    s.send_c2d_locked_then(&id, message.clone(), at, &settings, done)
+                })
                 .await?;
             self.c2d.scheduled(TimerKind::Expiry, sent.expiry);
             delivered
         } else {
             let sent = self
                 .store
-                .run_then(move |s, done| s.send_c2d_then(&id, message, at, &settings, done))
+                .run_then(move |s, done| s.send_c2d_then(&id, message.clone(), at, &settings, done))
                 .await?;
             self.c2d.scheduled(TimerKind::Expiry, sent.expiry);
             None
