@@ -146,3 +146,110 @@ fn writers_keep_the_index_equal_to_a_rebuild_and_probes_find_their_twins() {
     assert!(!reopened.define_twin_index(vec![REPORTED.into()]).unwrap());
     assert_eq!(reopened.twin_index_keys().unwrap(), kept);
 }
+
+/// Without indexed reported paths a device's reported patch leaves the index alone (the hook
+/// reads nothing for it); with one declared later, the rebuild finds what the patches wrote.
+#[test]
+fn reported_patches_keep_an_index_without_reported_paths_equal_to_a_rebuild() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open(dir.path());
+    // A new store indexes the fixed paths only.
+    assert!(!store.define_twin_index(Vec::new()).unwrap());
+    for i in 0..6 {
+        let id = format!("dev{i}");
+        store
+            .create_device(&id, &IdentitySpec::default(), common::T0)
+            .unwrap();
+        if i % 2 == 0 {
+            tags(&store, &id, None, json!({"plant": "Lyon", "n": i}));
+        }
+    }
+    store
+        .create_module("dev0", "m1", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    // The first write of a twin that has no record yet, then a second patch over it, on
+    // both the waiting and the pipelined paths, and a connection state between them.
+    for (i, id) in ["dev1", "dev2", "dev3"].iter().enumerate() {
+        store
+            .patch_reported(
+                id,
+                None,
+                json!({"temp": i}).as_object().unwrap(),
+                common::T0,
+            )
+            .unwrap();
+    }
+    store
+        .record_connection("dev2", None, true, common::T0)
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for id in ["dev2", "dev4", "dev5"] {
+        let tx = tx.clone();
+        store
+            .patch_reported_then(
+                id,
+                None,
+                json!({"temp": 30}).as_object().unwrap(),
+                common::T0,
+                move |r| tx.send(r.map(|_| ())).unwrap(),
+            )
+            .unwrap();
+    }
+    store
+        .patch_reported(
+            "dev0",
+            Some("m1"),
+            json!({"temp": 1}).as_object().unwrap(),
+            common::T0,
+        )
+        .unwrap();
+    for _ in 0..3 {
+        rx.recv().unwrap().unwrap();
+    }
+    tags(&store, "dev2", None, json!({"plant": "Recife"}));
+    assert_eq!(
+        ids(&store, false, "tags.plant", Probe::Eq(vec![json!("Lyon")])),
+        ["dev0", "dev4"]
+    );
+    assert_eq!(
+        ids(
+            &store,
+            false,
+            "tags.plant",
+            Probe::Eq(vec![json!("Recife")])
+        ),
+        ["dev2"]
+    );
+    assert_eq!(
+        ids(
+            &store,
+            false,
+            "connectionState",
+            Probe::Eq(vec![json!("Connected")])
+        ),
+        ["dev2"]
+    );
+    assert_eq!(
+        ids(&store, false, "status", Probe::Eq(vec![json!("enabled")])).len(),
+        6
+    );
+    assert_eq!(
+        ids(&store, true, "status", Probe::Eq(vec![json!("enabled")])),
+        ["dev0/m1"]
+    );
+
+    let kept = store.twin_index_keys().unwrap();
+    // A definition with a reported path indexes what the skipped patches wrote.
+    assert!(store.define_twin_index(vec![REPORTED.into()]).unwrap());
+    assert_eq!(
+        ids(&store, false, REPORTED, Probe::Eq(vec![json!(30)])),
+        ["dev2", "dev4", "dev5"]
+    );
+    assert_eq!(
+        ids(&store, true, REPORTED, Probe::Eq(vec![json!(1)])),
+        ["dev0/m1"]
+    );
+    // What the writers kept equals a rebuild from scratch under the same definition.
+    assert!(store.define_twin_index(Vec::new()).unwrap());
+    assert_eq!(store.twin_index_keys().unwrap(), kept);
+}

@@ -130,13 +130,10 @@ mod tests {
     fn a_later_batch_keeps_its_entry_when_an_earlier_one_completes() {
         let inflight = Arc::new(Inflight::default());
         let first = inflight.track(&Batch {
-            switch_memtable: None,
-            may_lag: false,
             ops: vec![put(b"d1", b"v1")],
+            ..Batch::default()
         });
         let second = inflight.track(&Batch {
-            switch_memtable: None,
-            may_lag: false,
             ops: vec![
                 put(b"d1", b"v2"),
                 Op::Delete {
@@ -144,6 +141,7 @@ mod tests {
                     key: b"d2".to_vec(),
                 },
             ],
+            ..Batch::default()
         });
         drop(first);
         assert_eq!(
@@ -160,14 +158,12 @@ mod tests {
     fn a_withdrawn_batch_uncovers_the_queued_one_it_followed() {
         let inflight = Arc::new(Inflight::default());
         let queued = inflight.track(&Batch {
-            switch_memtable: None,
-            may_lag: false,
             ops: vec![put(b"d1", b"v1")],
+            ..Batch::default()
         });
         let withdrawn = inflight.track(&Batch {
-            switch_memtable: None,
-            may_lag: false,
             ops: vec![put(b"d1", b"v2"), put(b"d1", b"v3")],
+            ..Batch::default()
         });
         assert_eq!(
             inflight.get(cf::TWINS, b"d1"),
@@ -188,8 +184,6 @@ mod tests {
     fn only_twin_and_identity_writes_are_tracked_each_under_its_column_family() {
         let inflight = Arc::new(Inflight::default());
         let release = inflight.track(&Batch {
-            switch_memtable: None,
-            may_lag: false,
             ops: vec![
                 Op::Put {
                     cf: cf::DEVICES,
@@ -202,6 +196,7 @@ mod tests {
                     value: b"s".to_vec(),
                 },
             ],
+            ..Batch::default()
         });
         assert_eq!(
             inflight.get(cf::DEVICES, b"d1"),

@@ -79,6 +79,10 @@ pub struct Batch {
     /// Nobody is told this batch is on disk, so its write need not be synced (see
     /// [`Batch::may_lag`]).
     pub(crate) may_lag: bool,
+    /// Twin keys every write of which in this batch changes only the reported section (with
+    /// the twin's version and etag): the twin index hook knows from this alone that a
+    /// definition without reported paths keeps their entries, and reads nothing for them.
+    pub(crate) reported_only_twins: Vec<Vec<u8>>,
 }
 
 impl Batch {
@@ -157,6 +161,37 @@ impl Batch {
     /// crash loses nothing: the WAL is in the kernel's page cache once written.
     pub(crate) fn may_lag(&mut self) {
         self.may_lag = true;
+    }
+    /// Records what a write of the twin under `twin_key` changed: `reported_only` says it
+    /// touched nothing but the reported section. Any other write of the same twin in this
+    /// batch withdraws the mark, so it holds for all of them or is absent.
+    pub(crate) fn note_twin_write(&mut self, twin_key: &[u8], reported_only: bool) {
+        let marked = self.reported_only_twins.iter().position(|k| k == twin_key);
+        match (reported_only, marked) {
+            // A write before this one that was not marked withdrew nothing: it must count.
+            (true, None) if self.writes_of(cf::TWINS, twin_key) == 1 => {
+                self.reported_only_twins.push(twin_key.to_vec());
+            }
+            (false, Some(i)) => {
+                self.reported_only_twins.swap_remove(i);
+            }
+            _ => {}
+        }
+    }
+    /// Whether `twin_key` is marked by [`Batch::note_twin_write`] as changed in its reported
+    /// section only.
+    pub(crate) fn twin_changes_reported_only(&self, twin_key: &[u8]) -> bool {
+        self.reported_only_twins.iter().any(|k| k == twin_key)
+    }
+    /// How many operations of this batch put or delete `key` in `cf_name`.
+    pub(crate) fn writes_of(&self, cf_name: &str, key: &[u8]) -> usize {
+        self.ops
+            .iter()
+            .filter(|op| {
+                matches!(op, Op::Put { cf, key: k, .. } | Op::Delete { cf, key: k }
+                    if *cf == cf_name && k.as_slice() == key)
+            })
+            .count()
     }
 }
 

@@ -49,6 +49,9 @@ pub(super) struct Applied {
     pub(super) desired_change: Option<(Map<String, Value>, u64)>,
     pub(super) op: TwinOp,
     pub(super) body: Map<String, Value>,
+    /// The change touched the reported section and nothing else of the record (a device's
+    /// patch); the twin index hook then reads nothing unless reported paths are indexed.
+    pub(super) reported_only: bool,
 }
 
 impl Store {
@@ -122,6 +125,7 @@ impl Store {
             desired_change,
             op,
             mut body,
+            reported_only,
         } = change(&mut record, now)?;
         check_size(SectionKind::Tags, &record.tags)?;
         check_size(SectionKind::Desired, &record.desired.body)?;
@@ -133,11 +137,9 @@ impl Store {
             body = changes::whole_twin(&identity, &record, true);
         }
         body.insert("version".into(), Value::from(record.version));
-        batch.put_record(
-            cf::TWINS,
-            keys::twin(&identity.device_id, identity.module_id.as_deref()),
-            &record,
-        );
+        let key = keys::twin(&identity.device_id, identity.module_id.as_deref());
+        batch.put_record(cf::TWINS, key.clone(), &record);
+        batch.note_twin_write(&key, reported_only);
         let note = PendingNotification {
             device_id: identity.device_id.clone(),
             module_id: identity.module_id.clone(),
@@ -301,6 +303,7 @@ fn reported_change(
             desired_change: None,
             op: TwinOp::UpdateTwin,
             body,
+            reported_only: true,
         })
     }
 }
@@ -353,6 +356,7 @@ pub(super) fn service_change(
             desired_change,
             op,
             body,
+            reported_only: false,
         })
     }
 }

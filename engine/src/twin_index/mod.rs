@@ -69,6 +69,13 @@ impl IndexDefinition {
             || path.starts_with("tags.")
             || self.declared.iter().any(|d| d == path)
     }
+
+    /// Whether a path under `properties.reported` has entries.
+    fn indexes_reported(&self) -> bool {
+        self.declared
+            .iter()
+            .any(|d| d.starts_with("properties.reported"))
+    }
 }
 
 /// Which entries of a path a query wants.
@@ -250,6 +257,11 @@ fn state(
     Ok((identity, twin))
 }
 
+/// Whether `batch` writes the identity behind `twin_key`.
+fn writes_identity(batch: &Batch, twin_key: &[u8]) -> bool {
+    identity_key(twin_key).is_some_and(|(id_cf, id_key)| batch.writes_of(id_cf, id_key) > 0)
+}
+
 /// Whether `batch` writes the twin record under `twin_key`.
 fn writes_twin(batch: &Batch, twin_key: &[u8]) -> bool {
     batch.ops.iter().any(|op| {
@@ -272,8 +284,17 @@ impl BatchHook for Shared {
             return Ok(());
         }
         let def = self.0.definition.read();
+        let reported_indexed = def.indexes_reported();
         let mut changes = BTreeMap::new();
         for twin_key in touched {
+            // A device's reported patch keeps the identity, tags and desired properties, and
+            // with them every entry of a definition that indexes no reported path.
+            if !reported_indexed
+                && batch.twin_changes_reported_only(&twin_key)
+                && !writes_identity(batch, &twin_key)
+            {
+                continue;
+            }
             // An identity write that leaves the twin alone (a connection state, a status)
             // changes only the identity's own entries as long as the identity exists before
             // and after: the twin's entries are the same on both sides, so it is not read.
@@ -544,5 +565,37 @@ mod tests {
         k.extend_from_slice(b"ddev");
         assert_eq!(value_len(&k), Some(n));
         assert_eq!(value_len(&[0x04, 1, 2, 3, 4, 5, 6, 7, 8, b'd']), Some(9));
+    }
+
+    /// The mark holds only while every write of the twin in the batch is a reported patch,
+    /// whichever order the writes come in.
+    #[test]
+    fn a_twin_is_reported_only_while_every_write_of_it_is() {
+        let twin = b"ddev".to_vec();
+        let write = |batch: &mut Batch, reported_only: bool| {
+            batch.put_framed(cf::TWINS, twin.clone(), Vec::new());
+            batch.note_twin_write(&twin, reported_only);
+        };
+        let mut batch = Batch::default();
+        write(&mut batch, true);
+        write(&mut batch, true);
+        assert!(batch.twin_changes_reported_only(&twin));
+        write(&mut batch, false);
+        assert!(!batch.twin_changes_reported_only(&twin));
+        write(&mut batch, true);
+        assert!(!batch.twin_changes_reported_only(&twin));
+
+        let mut batch = Batch::default();
+        write(&mut batch, false);
+        write(&mut batch, true);
+        assert!(!batch.twin_changes_reported_only(&twin));
+        assert!(!batch.twin_changes_reported_only(b"dother"));
+    }
+
+    #[test]
+    fn reported_paths_are_told_apart_from_the_others() {
+        assert!(!IndexDefinition::new(Vec::new()).indexes_reported());
+        assert!(!IndexDefinition::new(vec!["properties.desired.x".into()]).indexes_reported());
+        assert!(IndexDefinition::new(vec!["properties.reported.x.y".into()]).indexes_reported());
     }
 }
