@@ -120,33 +120,15 @@ impl Store {
         batch: &mut Batch,
     ) -> Result<(PendingNotification, TwinOutcome), TwinError> {
         let mut record = self.load_twin_record(&identity)?;
-        if_match.check(&record.etag)?;
-        let Applied {
-            desired_change,
-            op,
-            mut body,
-            reported_only,
-        } = change(&mut record, now)?;
-        check_size(SectionKind::Tags, &record.tags)?;
-        check_size(SectionKind::Desired, &record.desired.body)?;
-        check_size(SectionKind::Reported, &record.reported.body)?;
-        record.version += 1;
-        record.etag = next_etag(Some(&record.etag));
-        if op == TwinOp::ReplaceTwin {
-            // replaceTwin carries the whole twin with its ids and new etag (seed 004).
-            body = changes::whole_twin(&identity, &record, true);
-        }
-        body.insert("version".into(), Value::from(record.version));
-        let key = keys::twin(&identity.device_id, identity.module_id.as_deref());
-        batch.put_record(cf::TWINS, key.clone(), &record);
-        batch.note_twin_write(&key, reported_only);
-        let note = PendingNotification {
-            device_id: identity.device_id.clone(),
-            module_id: identity.module_id.clone(),
-            op,
-            time: now,
-            body,
-        };
+        let (note, desired_change) = stage_change(
+            (&identity.device_id, identity.module_id.as_deref()),
+            &mut record,
+            if_match,
+            change,
+            now,
+            batch,
+            |record| changes::whole_twin(&identity, record, true),
+        )?;
         Ok((
             note,
             TwinOutcome {
@@ -154,6 +136,38 @@ impl Store {
                 desired_change,
             },
         ))
+    }
+
+    /// Stages a device's reported patch in `batch`; returns the change notification and the
+    /// new reported `$version`. The caller holds the device's stripe lock.
+    ///
+    /// A twin record lives exactly as long as its identity, so a record that exists vouches
+    /// for the identity, which is then not read (nor the queue depth read with it): only a
+    /// twin without a record yet needs the identity, for NotFound and the initial etag.
+    fn stage_reported(
+        &self,
+        device_id: &str,
+        module_id: Option<&str>,
+        patch: &Map<String, Value>,
+        now: UnixMillis,
+        batch: &mut Batch,
+    ) -> Result<(PendingNotification, u64), TwinError> {
+        let key = keys::twin(device_id, module_id);
+        let mut record = match self.raw.get_for_update::<TwinRecord>(cf::TWINS, &key)? {
+            Some(record) => record,
+            None => empty_twin(&self.load_identity(device_id, module_id)?),
+        };
+        let (note, _) = stage_change(
+            (device_id, module_id),
+            &mut record,
+            &IfMatch::Any,
+            reported_change(patch),
+            now,
+            batch,
+            // A reported patch is an update, never a replacement.
+            |_| Map::new(),
+        )?;
+        Ok((note, record.reported.version))
     }
 
     /// Stages a service-side patch of `identity`'s twin in `batch` (for writers that commit
@@ -241,14 +255,11 @@ impl Store {
         now: UnixMillis,
     ) -> Result<u64, TwinError> {
         check_section(SectionKind::Reported, patch, true)?;
-        let outcome = self.write_twin(
-            device_id,
-            module_id,
-            &IfMatch::Any,
-            reported_change(patch),
-            now,
-        )?;
-        Ok(outcome.twin.record.reported.version)
+        let _guard = self.stripes.lock(device_id);
+        let mut batch = Batch::default();
+        let (note, version) = self.stage_reported(device_id, module_id, patch, now, &mut batch)?;
+        self.commit_with_notifications(batch, vec![note])?;
+        Ok(version)
     }
 
     /// Device-side reported patch without waiting for its sync: the patch is checked, applied
@@ -271,19 +282,54 @@ impl Store {
     ) -> Result<(), TwinError> {
         check_section(SectionKind::Reported, patch, true)?;
         let _guard = self.stripes.lock_unless_waiting(device_id)?;
-        let identity = self.load_identity(device_id, module_id)?;
         let mut batch = Batch::default();
-        let (note, outcome) = self.stage_twin(
-            identity,
-            &IfMatch::Any,
-            reported_change(patch),
-            now,
-            &mut batch,
-        )?;
-        let version = outcome.twin.record.reported.version;
+        let (note, version) = self.stage_reported(device_id, module_id, patch, now, &mut batch)?;
         self.submit_with_notifications_then(batch, vec![note], move |r| done(r.map(|()| version)))?;
         Ok(())
     }
+}
+
+/// Applies `change` to `record`, the twin of `ids` (device, module) a write builds on, and
+/// stages the result in `batch`: checked against the TWN-7 limits, with the next version and
+/// etag. Returns the change notification and the desired change. `whole_twin` gives the body
+/// of a replacement's notification.
+fn stage_change(
+    (device_id, module_id): (&str, Option<&str>),
+    record: &mut TwinRecord,
+    if_match: &IfMatch,
+    change: impl FnOnce(&mut TwinRecord, UnixMillis) -> Result<Applied, TwinError>,
+    now: UnixMillis,
+    batch: &mut Batch,
+    whole_twin: impl FnOnce(&TwinRecord) -> Map<String, Value>,
+) -> Result<(PendingNotification, Option<(Map<String, Value>, u64)>), TwinError> {
+    if_match.check(&record.etag)?;
+    let Applied {
+        desired_change,
+        op,
+        mut body,
+        reported_only,
+    } = change(record, now)?;
+    check_size(SectionKind::Tags, &record.tags)?;
+    check_size(SectionKind::Desired, &record.desired.body)?;
+    check_size(SectionKind::Reported, &record.reported.body)?;
+    record.version += 1;
+    record.etag = next_etag(Some(&record.etag));
+    if op == TwinOp::ReplaceTwin {
+        // replaceTwin carries the whole twin with its ids and new etag (seed 004).
+        body = whole_twin(record);
+    }
+    body.insert("version".into(), Value::from(record.version));
+    let key = keys::twin(device_id, module_id);
+    batch.put_record(cf::TWINS, key.clone(), &*record);
+    batch.note_twin_write(&key, reported_only);
+    let note = PendingNotification {
+        device_id: device_id.to_string(),
+        module_id: module_id.map(str::to_string),
+        op,
+        time: now,
+        body,
+    };
+    Ok((note, desired_change))
 }
 
 /// The change a device's reported patch makes.
