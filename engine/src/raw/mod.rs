@@ -297,10 +297,13 @@ impl Raw {
         // memtable holds data from them: a D2C segment switch also flushes small memtables
         // (see `commit::switch_memtable`), so under telemetry the files free up one by one.
         db_opts.set_recycle_log_file_num(2);
-        // Table files written by flushes and compactions go to disk a megabyte at a time
-        // instead of in one burst at their end: a 32 MiB segment flushed in one go queued
-        // the WAL syncs behind it.
-        db_opts.set_bytes_per_sync(1 << 20);
+        // Table files written by flushes and compactions go to disk 32 KiB at a time instead
+        // of in one burst at their end: a 32 MiB segment flushed in one go queued the WAL
+        // syncs behind it. Small steps, because on a virtual disk a WAL sync's cache flush
+        // also writes out whatever table data went down before it: with a megabyte per step
+        // one WAL sync in several paid for a whole megabyte while a segment flushed, and those
+        // syncs made the PUBACK tail at 10k msg/s (docs/performance.md, seventeenth pass).
+        db_opts.set_bytes_per_sync(32 << 10);
         // Compaction runs in bursts of whole seconds of CPU. On a small machine they preempt
         // the commit thread and the connections, and a PUBACK waits milliseconds behind them.
         // At the lowest CPU priority they take only what the foreground leaves; if they fall
