@@ -13,7 +13,9 @@
 //    "exitOnError": bool            (optional: exit 3 on the first processError)}
 //     -> one JSON line per received event on stdout:
 //        {"partitionId", "sequenceNumber", "offset", "enqueuedTimeUtc" (ms), "body" (string),
-//         "bodyType", "properties", "systemProperties", "messageId", "correlationId",
+//         "bodyType", "rawSections" ({header, footer, properties, applicationProperties}: each
+//         section's set fields, or null when the event had no such section),
+//         "properties", "systemProperties", "messageId", "correlationId",
 //         "contentType", "partitionKey"}
 //        exit 0 once `expected` events have arrived, 2 when timeoutMs passes first.
 //
@@ -67,10 +69,25 @@ function bodyText(body) {
   return String(body);
 }
 
+// Which AMQP sections the event arrived with, and the set fields of each (null when absent).
+function rawSections(raw) {
+  const section = (s) => (s === undefined || s === null ? null : plain(Object.fromEntries(
+    Object.entries(s).filter(([, v]) => v !== undefined && v !== null))));
+  return {
+    header: section(raw.header),
+    footer: section(raw.footer),
+    properties: section(raw.properties),
+    applicationProperties: section(raw.applicationProperties),
+  };
+}
+
 function eventLine(partitionId, event) {
   let bodyType = null;
+  let sections = null;
   try {
-    bodyType = event.getRawAmqpMessage().bodyType || null;
+    const raw = event.getRawAmqpMessage();
+    bodyType = raw.bodyType || null;
+    sections = rawSections(raw);
   } catch (e) {
     // Only informational; never lose the event over it.
   }
@@ -81,6 +98,7 @@ function eventLine(partitionId, event) {
     enqueuedTimeUtc: plain(event.enqueuedTimeUtc),
     body: bodyText(event.body),
     bodyType,
+    rawSections: sections,
     properties: plain(event.properties || {}),
     systemProperties: plain(event.systemProperties || {}),
     messageId: plain(event.messageId),

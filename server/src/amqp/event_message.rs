@@ -1,7 +1,8 @@
 //! A stored D2C event as the built-in endpoint delivers it to Event Hubs clients.
 //!
 //! - Body: one data section, the bytes as sent.
-//! - Properties section: the AMQP message properties a device can set (`message-id`,
+//! - Properties section, only when the device set one of them: the AMQP message properties a
+//!   device can set (`message-id`,
 //!   `correlation-id`, `user-id` as binary, `content-type`, `content-encoding`, `to`,
 //!   `absolute-expiry-time` as a timestamp).
 //! - Message annotations: `x-opt-sequence-number` (long), `x-opt-offset` (string),
@@ -9,7 +10,9 @@
 //!   system property (`iothub-connection-device-id`, `iothub-connection-module-id`,
 //!   `iothub-connection-auth-method`, `iothub-connection-auth-generation-id`,
 //!   `iothub-message-source`, `dt-*` ...) as a string.
-//! - Application properties: the event's application properties, as strings.
+//! - Application properties, only when there are any: the event's application properties, as
+//!   strings.
+//! - No header, delivery annotations or footer, as Event Hubs sends none for these events.
 
 use fe2o3_amqp::types::messaging::{
     annotations::OwnedKey, ApplicationProperties, Body, Data, Message, MessageAnnotations,
@@ -80,7 +83,9 @@ pub fn event_message(event: &D2cEvent) -> EventMessage {
         header: None,
         delivery_annotations: None,
         message_annotations: Some(MessageAnnotations(annotations)),
-        properties: Some(properties),
+        // Event Hubs leaves a section out when nothing in it is set; readers test the section's
+        // presence (`if event.message.properties:`) before decoding its fields.
+        properties: (properties != Properties::default()).then_some(properties),
         application_properties: (!application.is_empty())
             .then_some(ApplicationProperties(application)),
         body: Body::Data(vec![Data(Binary::from(event.body.clone()))].into()),
@@ -98,6 +103,35 @@ mod tests {
             .as_ref()?
             .0
             .get(&OwnedKey::Symbol(Symbol::from(name)))
+    }
+
+    #[test]
+    fn sections_with_nothing_set_are_left_out() {
+        let event = D2cEvent {
+            partition: 0,
+            sequence_number: 1,
+            offset: 0,
+            enqueued_time: UnixMillis(1_700_000_000_000),
+            system_properties: vec![("iothub-connection-device-id".into(), "dev1".into())],
+            application_properties: vec![],
+            body: b"hello".to_vec(),
+        };
+        let m = event_message(&event);
+        assert!(m.properties.is_none());
+        assert!(m.application_properties.is_none());
+        assert!(m.header.is_none() && m.footer.is_none() && m.delivery_annotations.is_none());
+        let with_type = D2cEvent {
+            system_properties: vec![("content-type".into(), "text/plain".into())],
+            ..event
+        };
+        let p = event_message(&with_type).properties.unwrap();
+        assert_eq!(
+            p,
+            Properties {
+                content_type: Some(Symbol::from("text/plain")),
+                ..Properties::default()
+            }
+        );
     }
 
     #[test]
