@@ -5,6 +5,7 @@ received by the official Node service SDK (`getFileNotificationReceiver`, AMQP o
 
 import json
 import subprocess
+from urllib.parse import quote, unquote
 
 import pytest
 from azure.core.exceptions import HttpResponseError
@@ -130,3 +131,73 @@ def test_a_hub_without_a_storage_account_refuses_uploads(hub):
     r = hub.request("POST", "/devices/no-storage/files", hub.device_token("no-storage"), json={"blobName": "a.txt"})
     assert r.status_code == 400 and "not configured" in r.text
     assert r.json()["errorCode"] == 400004
+
+
+# One name per character class a blob name may hold (issue 53): unicode, spaces, and the
+# characters URLs reserve or escape. Each is uploaded and must land under exactly its name.
+SPECIAL_NAMES = [
+    "logs/2026/été-1.bin", "日本/データ.bin", "with space.txt", "hash#1.txt", "pct%41.txt",
+    "ask?x=1.txt", "plus+1.txt", "it's.txt", "at@home.txt", "(paren).txt", "co:lon.txt",
+]
+
+
+def encoded_upload_url(info, blob_name=None):
+    """The blob's URL as the C# and Java device SDKs build it: the name percent-encoded."""
+    return (f"http://{info['hostName']}/{info['containerName']}/"
+            f"{quote(blob_name or info['blobName'], safe='/')}{info['sasToken']}")
+
+
+def test_blob_names_with_any_character_upload_to_exactly_that_blob(upload_hub):
+    hub = upload_hub
+    device_id = "up:loader@x'(1)"
+    hub.create_device(device_id)
+    client = device_client(hub, device_id)
+    uploaded = {}
+    try:
+        for i, name in enumerate(SPECIAL_NAMES):
+            info = client.get_storage_info_for_blob(name)
+            full = f"{device_id}/{name}"
+            assert info["blobName"] == full, "the name comes back as stored, not encoded"
+            payload = f"{i}:{name}\n".encode() * (i + 1)
+            BlobClient.from_blob_url(encoded_upload_url(info)).upload_blob(payload)
+            uploaded[full] = payload
+            client.notify_blob_upload_status(info["correlationId"], True, 200, "uploaded")
+        # The Python samples concatenate the name unencoded: that reaches the same blob for
+        # every name without a character a URL reserves ('#', '?', '%').
+        info = client.get_storage_info_for_blob("logs/2026/été-1.bin")
+        BlobClient.from_blob_url(upload_url(info)).upload_blob(b"raw", overwrite=True)
+        uploaded[info["blobName"]] = b"raw"
+        client.notify_blob_upload_status(info["correlationId"], True, 200, "uploaded")
+
+        # A grant is for its blob only: not for a name that differs by its encoding, nor for
+        # any other name.
+        info = client.get_storage_info_for_blob("pct%41.txt")
+        for other in [f"{device_id}/pctA.txt", f"{device_id}/pct%2541.txt", f"{device_id}/other.txt"]:
+            with pytest.raises(HttpResponseError) as refused:
+                BlobClient.from_blob_url(encoded_upload_url(info, other)).upload_blob(b"x")
+            assert refused.value.status_code == 403, other
+    finally:
+        client.shutdown()
+
+    service = BlobServiceClient.from_connection_string(hub.blob.connection_string)
+    container = service.get_container_client(CONTAINER)
+    stored = {b.name for b in container.list_blobs(name_starts_with=device_id)}
+    assert stored == set(uploaded), "every upload landed under its own name, and nothing else"
+    for name, payload in uploaded.items():
+        assert container.get_blob_client(name).download_blob().readall() == payload, name
+
+    got = receive_notifications(hub, len(SPECIAL_NAMES) + 1)
+    assert not got.get("timedOut"), got
+    notes = [n["notification"] for n in got["notifications"]]
+    seen = {}
+    for n in notes:
+        assert n["deviceId"] == device_id
+        seen[n["blobName"]] = n
+    assert set(seen) == set(uploaded)
+    for name, n in seen.items():
+        # The raw-URL upload overwrote the first one: its notification may show either size.
+        if name != f"{device_id}/logs/2026/été-1.bin":
+            assert n["blobSizeInBytes"] == len(uploaded[name]), name
+        prefix = f"http://{hub.blob.host}:{hub.blob.port}/devstoreaccount1/{CONTAINER}/"
+        assert n["blobUri"] == prefix + quote(name, safe="/-._~"), "the URI is the name percent-encoded"
+        assert unquote(n["blobUri"][len(prefix):]) == name

@@ -175,6 +175,32 @@ def test_export_and_import_through_azurite(hub, tmp_path, monkeypatch):
         assert done.status == "failed" and done.failure_reason
 
 
+def test_blob_names_with_any_character_through_azurite(hub, tmp_path, monkeypatch):
+    """Issue 53: named blobs in SAS containers, with unicode and URL-reserved characters in the
+    blob names and the device ids, are written and read under exactly those names."""
+    jobs, registry = managers(hub, monkeypatch)
+    odd_id = "exp:odd@x'(1)#%"
+    hub.create_device(odd_id)
+    with Azurite(tmp_path / "azurite") as blob:
+        out_uri, out = azurite_container(blob, "named-exports")
+        out_name = "exports/été #1?%41+ (x).txt"
+        done, _ = run_job(jobs, JobProperties(type="export", output_blob_container_uri=out_uri,
+                                              output_blob_name=out_name))
+        assert done.status == "completed", done.failure_reason
+        assert [b.name for b in out.list_blobs()] == [out_name]
+        exported = read_lines(out.download_blob(out_name).readall().decode())
+        line = next(l for l in exported if l["id"] == odd_id)
+        in_uri, inp = azurite_container(blob, "named-imports")
+        in_name = "entrées/日本 #2%.txt"
+        copy = dict(line, id=odd_id + "-copy", importMode="create")
+        inp.upload_blob(in_name, json.dumps(copy) + "\n")
+        logs_uri, logs = azurite_container(blob, "named-logs")
+        done, _ = run_job(jobs, JobProperties(type="import", input_blob_container_uri=in_uri,
+                                              input_blob_name=in_name, output_blob_container_uri=logs_uri))
+        assert done.status == "completed", done.failure_reason
+        assert registry.get_device(odd_id + "-copy").device_id == odd_id + "-copy"
+
+
 def test_bad_requests_are_refused(hub, tmp_path, monkeypatch):
     jobs, _ = managers(hub, monkeypatch)
     token = hub.token()

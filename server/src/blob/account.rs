@@ -3,18 +3,31 @@
 
 use std::time::Duration;
 
+use base64::Engine as _;
+use chrono::{DateTime, Utc};
 use object_store::azure::{MicrosoftAzure, MicrosoftAzureBuilder};
 use object_store::path::Path as BlobPath;
-use object_store::signer::Signer;
 use object_store::ObjectStore;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use url::Url;
 
+use super::sas::{blob_sas, BlobPermission};
 use super::BlobError;
+
+/// What a blob name's path segment keeps unescaped in a URI: RFC 3986's unreserved characters.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// A storage account and the container uploads go to.
 #[derive(Debug)]
 pub struct StorageAccount {
     store: MicrosoftAzure,
+    account: String,
+    /// The account key, decoded from base64, that grants are signed with.
+    key: Vec<u8>,
     /// What devices put before `/{container}/{blob}`: `{account}.blob.core.windows.net`, or
     /// `{host}:{port}/{account}` for a path-style endpoint (the emulator).
     host_name: String,
@@ -66,6 +79,9 @@ impl StorageAccount {
                 format!("{scheme}://{account}.blob.{suffix}")
             }
         };
+        let key_bytes = base64::engine::general_purpose::STANDARD
+            .decode(&key)
+            .map_err(|e| BlobError::InvalidConnectionString(format!("AccountKey: {e}")))?;
         let url = Url::parse(&endpoint).map_err(|e| {
             BlobError::InvalidConnectionString(format!("BlobEndpoint {endpoint}: {e}"))
         })?;
@@ -83,29 +99,42 @@ impl StorageAccount {
             .map_err(|e| BlobError::InvalidConnectionString(e.to_string()))?;
         Ok(StorageAccount {
             store,
+            account,
+            key: key_bytes,
             host_name,
             container: container.to_string(),
             endpoint,
         })
     }
 
-    /// A SAS allowing one write of `blob_name` for `ttl`.
+    /// A SAS allowing one write of `blob_name` (as stored, not URL-encoded) for `ttl` from
+    /// `now`. The grant's `blob_name` is that same decoded name, as IoT Hub returns it; a
+    /// client percent-encodes it into the blob's URL (see docs/import-export.md).
     ///
     /// # Errors
-    /// [`BlobError::InvalidUri`] for a name object storage cannot address, or signing errors.
-    pub async fn grant_upload(
+    /// [`BlobError::InvalidUri`] for a name blob storage cannot hold.
+    pub fn grant_upload(
         &self,
         blob_name: &str,
+        now: DateTime<Utc>,
         ttl: Duration,
     ) -> Result<UploadGrant, BlobError> {
-        let path = BlobPath::parse(blob_name)
+        BlobPath::parse(blob_name)
             .map_err(|e| BlobError::InvalidUri(format!("blob name {blob_name:?}: {e}")))?;
-        let url = self.store.signed_url(http::Method::PUT, &path, ttl).await?;
+        let query = blob_sas(
+            &self.account,
+            &self.key,
+            &self.container,
+            blob_name,
+            BlobPermission::Write,
+            now,
+            ttl,
+        );
         Ok(UploadGrant {
             host_name: self.host_name.clone(),
             container: self.container.clone(),
             blob_name: blob_name.to_string(),
-            sas_token: format!("?{}", url.query().unwrap_or_default()),
+            sas_token: format!("?{query}"),
         })
     }
 
@@ -120,10 +149,25 @@ impl StorageAccount {
         Ok((meta.size, meta.last_modified.timestamp_millis()))
     }
 
-    /// The blob's URI without any signature.
+    /// The blob's URI without any signature: each segment of the name percent-encoded, so the
+    /// URI names exactly that blob whatever characters it holds.
     pub fn blob_uri(&self, blob_name: &str) -> String {
-        format!("{}/{}/{}", self.endpoint, self.container, blob_name)
+        format!(
+            "{}/{}/{}",
+            self.endpoint,
+            self.container,
+            encode_blob_path(blob_name)
+        )
     }
+}
+
+/// A blob name as the path of a URL: each `/`-separated segment percent-encoded (UTF-8).
+pub fn encode_blob_path(blob_name: &str) -> String {
+    blob_name
+        .split('/')
+        .map(|segment| utf8_percent_encode(segment, SEGMENT).to_string())
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 #[cfg(test)]
@@ -133,13 +177,12 @@ mod tests {
     const KEY: &str =
         "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 
-    #[tokio::test]
-    async fn grants_a_write_sas_for_one_blob_on_a_path_style_endpoint() {
+    #[test]
+    fn grants_a_write_sas_for_one_blob_on_a_path_style_endpoint() {
         let cs = format!("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={KEY};BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;");
         let a = StorageAccount::from_connection_string(&cs, "uploads").unwrap();
         let g = a
-            .grant_upload("dev1/a.txt", Duration::from_secs(3600))
-            .await
+            .grant_upload("dev1/a.txt", Utc::now(), Duration::from_secs(3600))
             .unwrap();
         assert_eq!(g.host_name, "127.0.0.1:10000/devstoreaccount1");
         assert_eq!(g.container, "uploads");
@@ -150,6 +193,10 @@ mod tests {
         assert_eq!(
             a.blob_uri("dev1/a.txt"),
             "http://127.0.0.1:10000/devstoreaccount1/uploads/dev1/a.txt"
+        );
+        assert_eq!(
+            a.blob_uri("d:1@x/logs/été #1?%+'().bin"),
+            "http://127.0.0.1:10000/devstoreaccount1/uploads/d%3A1%40x/logs/%C3%A9t%C3%A9%20%231%3F%25%2B%27%28%29.bin"
         );
     }
 

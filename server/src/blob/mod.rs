@@ -14,9 +14,10 @@
 //! - Container URIs are logged only through [`redact`], never with their signature.
 
 mod account;
+mod sas;
 mod container;
 
-pub use account::{StorageAccount, UploadGrant};
+pub use account::{encode_blob_path, StorageAccount, UploadGrant};
 pub use container::{BlobContainer, BlobLines, BlobWriter};
 
 /// Why a blob operation failed.

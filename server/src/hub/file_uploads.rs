@@ -75,7 +75,8 @@ impl FileUploads {
         now: UnixMillis,
     ) -> Result<(String, UploadGrant), BlobError> {
         let full = format!("{device_id}/{blob_name}");
-        let grant = self.account.grant_upload(&full, self.sas_ttl).await?;
+        let signed_at = chrono::DateTime::from_timestamp_millis(now.0).unwrap_or_default();
+        let grant = self.account.grant_upload(&full, signed_at, self.sas_ttl)?;
         let correlation: [u8; 24] = rand::random();
         let correlation =
             base64::Engine::encode(&base64::engine::general_purpose::STANDARD, correlation);
