@@ -17,7 +17,8 @@
 //! - [`sessions`]: persistent MQTT sessions (subscriptions per client id).
 //! - [`notifications`]: the outbox of non-telemetry events (twin, lifecycle, connection).
 //! - [`routing`]: routes, the fallback route and enrichments (stored configuration).
-//! - [`twin`]: twin section rules (limits, merge patches, versions, metadata).
+//! - [`twin`]: twin section rules (limits, merge patches, versions, metadata), and IoT Plug
+//!   and Play's digital twin view of a twin (`twin::pnp`).
 //! - [`error`]: one error enum per kind of operation, wrapping [`StorageError`].
 //! - Record framing and schema versions live in `ferrohub-migrations`.
 //!

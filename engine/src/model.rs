@@ -128,6 +128,10 @@ pub struct Identity {
     pub device_scope: Option<String>,
     pub parent_scopes: Vec<String>,
     pub managed_by: Option<String>,
+    /// The IoT Plug and Play model (a DTMI) the device or module announced when it last
+    /// connected with one (PNP-1). Last, and defaulted, so records written before it read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_id: Option<String>,
 }
 
 /// The symmetric-key part of a request: either key may be left out and is then generated.

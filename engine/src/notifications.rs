@@ -9,7 +9,8 @@
 //!   the numbers only grow, also across restarts (the next number comes from the last key).
 //! - A record's body is the seed 004 shape with times as Unix milliseconds in strings (the
 //!   protocol layer formats them): the twin change for `updateTwin`, the whole twin for
-//!   `replaceTwin` and the lifecycle operations, empty for connection state.
+//!   `replaceTwin` and the lifecycle operations, empty for connection state, and for a Plug and
+//!   Play twin's change also a digital twin record (`{"patch": [...], "modelId"}`, PNP-5).
 //! - The column family is named `twin_changes` on disk: twin changes were its first records
 //!   (schema v4), the other operations were added without changing the record shape.
 
@@ -36,6 +37,11 @@ pub enum NotificationOp {
     DeleteDeviceIdentity,
     DeviceConnected,
     DeviceDisconnected,
+    /// A Plug and Play twin's change as its digital twin sees it (PNP-5): written beside the
+    /// `UpdateTwin` record of the same write; the body is `{"patch": [JSON Patch], "modelId"}`.
+    DigitalTwinUpdate,
+    /// As `DigitalTwinUpdate`, beside a `ReplaceTwin` record.
+    DigitalTwinReplace,
 }
 
 /// Where an event comes from: a route's `source`.
@@ -45,6 +51,7 @@ pub enum EventSource {
     TwinChangeEvents,
     DeviceLifecycleEvents,
     DeviceConnectionStateEvents,
+    DigitalTwinChangeEvents,
 }
 
 impl EventSource {
@@ -55,6 +62,7 @@ impl EventSource {
             EventSource::TwinChangeEvents => "TwinChangeEvents",
             EventSource::DeviceLifecycleEvents => "DeviceLifecycleEvents",
             EventSource::DeviceConnectionStateEvents => "DeviceConnectionStateEvents",
+            EventSource::DigitalTwinChangeEvents => "DigitalTwinChangeEvents",
         }
     }
 
@@ -65,6 +73,7 @@ impl EventSource {
             EventSource::TwinChangeEvents,
             EventSource::DeviceLifecycleEvents,
             EventSource::DeviceConnectionStateEvents,
+            EventSource::DigitalTwinChangeEvents,
         ]
         .into_iter()
         .find(|s| s.name().eq_ignore_ascii_case(text))
@@ -80,6 +89,9 @@ impl NotificationOp {
             NotificationOp::DeleteDeviceIdentity => "deleteDeviceIdentity",
             NotificationOp::DeviceConnected => "deviceConnected",
             NotificationOp::DeviceDisconnected => "deviceDisconnected",
+            // IoT Hub names a digital twin change by the twin operation behind it.
+            NotificationOp::DigitalTwinUpdate => "updateTwin",
+            NotificationOp::DigitalTwinReplace => "replaceTwin",
         }
     }
 
@@ -93,6 +105,9 @@ impl NotificationOp {
             }
             NotificationOp::DeviceConnected | NotificationOp::DeviceDisconnected => {
                 EventSource::DeviceConnectionStateEvents
+            }
+            NotificationOp::DigitalTwinUpdate | NotificationOp::DigitalTwinReplace => {
+                EventSource::DigitalTwinChangeEvents
             }
         }
     }

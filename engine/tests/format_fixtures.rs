@@ -51,6 +51,7 @@ fn v1_device(id: &str, status: Status) -> Identity {
         device_scope: None,
         parent_scopes: vec![],
         managed_by: None,
+        model_id: None,
     }
 }
 

@@ -253,7 +253,7 @@ fn true_condition() -> String {
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     pub name: String,
-    /// DeviceMessages, TwinChangeEvents, DeviceLifecycleEvents or DeviceConnectionStateEvents.
+    /// DeviceMessages, TwinChangeEvents, DeviceLifecycleEvents, DeviceConnectionStateEvents or DigitalTwinChangeEvents.
     pub source: String,
     #[serde(default = "true_condition")]
     pub condition: String,

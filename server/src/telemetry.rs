@@ -134,6 +134,12 @@ pub fn to_event(
     ));
     system.push(("iothub-connection-auth-method".into(), auth.json().into()));
     system.push(("iothub-message-source".into(), "Telemetry".into()));
+    // A Plug and Play device's messages name its model (PNP-3); the hub states it, as IoT Hub
+    // does, in place of anything the device put there.
+    if let Some(model) = &identity.model_id {
+        system.retain(|(k, _)| k != "dt-dataschema");
+        system.push(("dt-dataschema".into(), model.clone().into()));
+    }
     Ok(NewEvent {
         endpoints: None,
         device_id: identity.device_id.clone(),

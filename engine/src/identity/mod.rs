@@ -31,6 +31,7 @@ use crate::twin::record::TwinRecord;
 use crate::Store;
 
 mod bulk;
+mod model_id;
 pub use bulk::{BulkItem, BulkItemError, ImportMode};
 
 /// Registry statistics (`GET /statistics/devices`).
@@ -195,6 +196,7 @@ impl<'a> Txn<'a> {
             device_scope: spec.device_scope.clone(),
             parent_scopes: spec.parent_scopes.clone(),
             managed_by: None,
+            model_id: None,
         };
         self.put_device(None, device.clone());
         let twin = self.new_twin(&device)?;
@@ -302,6 +304,7 @@ impl<'a> Txn<'a> {
             device_scope: None,
             parent_scopes: Vec::new(),
             managed_by: spec.managed_by.clone(),
+            model_id: None,
         };
         self.put_module(module.clone());
         let twin = self.new_twin(&module)?;

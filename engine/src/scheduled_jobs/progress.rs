@@ -94,8 +94,8 @@ impl Store {
                 },
             };
             match staged {
-                Ok((note, outcome)) => {
-                    notes.push(note);
+                Ok((staged_notes, outcome)) => {
+                    notes.extend(staged_notes);
                     outcomes.push(outcome);
                     job.statistics.succeeded += 1;
                 }

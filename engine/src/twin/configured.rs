@@ -58,7 +58,7 @@ impl Store {
                 write.check_patch()?;
                 let configurations = decision.configurations.clone();
                 let patch_change = service_change(&write, true);
-                let (note, outcome) = self.stage_twin(
+                let (notes, outcome) = self.stage_twin(
                     identity,
                     &IfMatch::Etag(etag.to_string()),
                     move |record, now| {
@@ -68,7 +68,7 @@ impl Store {
                     now,
                     &mut batch,
                 )?;
-                self.commit_with_notifications(batch, vec![note])?;
+                self.commit_with_notifications(batch, notes)?;
                 Ok(Some(outcome))
             }
             None => {

@@ -26,6 +26,11 @@ pub struct TwinRecord {
     /// defaulted, so records written before it existed still read.
     #[serde(default)]
     pub configurations: BTreeMap<String, AppliedConfiguration>,
+    /// The identity's Plug and Play model id, kept beside the twin (written with the identity
+    /// in one batch) so a twin write knows without reading the identity whether it changes a
+    /// digital twin (PNP-5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_id: Option<String>,
 }
 
 /// What one configuration is to a twin.
@@ -47,6 +52,7 @@ impl TwinRecord {
             version: 1,
             etag: next_etag(None),
             configurations: BTreeMap::new(),
+            model_id: None,
         }
     }
 }

@@ -18,6 +18,7 @@ use serde_json::{Map, Value};
 use ferrohub_migrations::cf;
 
 use super::changes;
+use super::pnp as digital_twin;
 use super::limits::{check_section, check_size, SectionKind};
 pub use super::record::{Twin, TwinRecord};
 use crate::error::{StorageError, TwinError};
@@ -103,13 +104,13 @@ impl Store {
         let _guard = self.stripes.lock(device_id);
         let identity = self.load_identity(device_id, module_id)?;
         let mut batch = Batch::default();
-        let (note, outcome) = self.stage_twin(identity, if_match, change, now, &mut batch)?;
-        self.commit_with_notifications(batch, vec![note])?;
+        let (notes, outcome) = self.stage_twin(identity, if_match, change, now, &mut batch)?;
+        self.commit_with_notifications(batch, notes)?;
         Ok(outcome)
     }
 
     /// Applies `change` to the stored twin of `identity` and stages the new record in
-    /// `batch`; returns the change notification to commit with it. The caller holds the
+    /// `batch`; returns the change notifications to commit with it. The caller holds the
     /// device's stripe lock.
     pub(super) fn stage_twin(
         &self,
@@ -118,9 +119,9 @@ impl Store {
         change: impl FnOnce(&mut TwinRecord, UnixMillis) -> Result<Applied, TwinError>,
         now: UnixMillis,
         batch: &mut Batch,
-    ) -> Result<(PendingNotification, TwinOutcome), TwinError> {
+    ) -> Result<(Vec<PendingNotification>, TwinOutcome), TwinError> {
         let mut record = self.load_twin_record(&identity)?;
-        let (note, desired_change) = stage_change(
+        let (notes, desired_change) = stage_change(
             (&identity.device_id, identity.module_id.as_deref()),
             &mut record,
             if_match,
@@ -130,7 +131,7 @@ impl Store {
             |record| changes::whole_twin(&identity, record, true),
         )?;
         Ok((
-            note,
+            notes,
             TwinOutcome {
                 twin: Twin { identity, record },
                 desired_change,
@@ -151,13 +152,13 @@ impl Store {
         patch: &Map<String, Value>,
         now: UnixMillis,
         batch: &mut Batch,
-    ) -> Result<(PendingNotification, u64), TwinError> {
+    ) -> Result<(Vec<PendingNotification>, u64), TwinError> {
         let key = keys::twin(device_id, module_id);
         let mut record = match self.raw.get_for_update::<TwinRecord>(cf::TWINS, &key)? {
             Some(record) => record,
             None => empty_twin(&self.load_identity(device_id, module_id)?),
         };
-        let (note, _) = stage_change(
+        let (notes, _) = stage_change(
             (device_id, module_id),
             &mut record,
             &IfMatch::Any,
@@ -167,7 +168,7 @@ impl Store {
             // A reported patch is an update, never a replacement.
             |_| Map::new(),
         )?;
-        Ok((note, record.reported.version))
+        Ok((notes, record.reported.version))
     }
 
     /// Stages a service-side patch of `identity`'s twin in `batch` (for writers that commit
@@ -182,7 +183,7 @@ impl Store {
         write: &TwinWrite,
         now: UnixMillis,
         batch: &mut Batch,
-    ) -> Result<(PendingNotification, TwinOutcome), TwinError> {
+    ) -> Result<(Vec<PendingNotification>, TwinOutcome), TwinError> {
         self.stage_twin(
             identity,
             &IfMatch::Any,
@@ -257,8 +258,8 @@ impl Store {
         check_section(SectionKind::Reported, patch, true)?;
         let _guard = self.stripes.lock(device_id);
         let mut batch = Batch::default();
-        let (note, version) = self.stage_reported(device_id, module_id, patch, now, &mut batch)?;
-        self.commit_with_notifications(batch, vec![note])?;
+        let (notes, version) = self.stage_reported(device_id, module_id, patch, now, &mut batch)?;
+        self.commit_with_notifications(batch, notes)?;
         Ok(version)
     }
 
@@ -283,16 +284,17 @@ impl Store {
         check_section(SectionKind::Reported, patch, true)?;
         let _guard = self.stripes.lock_unless_waiting(device_id)?;
         let mut batch = Batch::default();
-        let (note, version) = self.stage_reported(device_id, module_id, patch, now, &mut batch)?;
-        self.submit_with_notifications_then(batch, vec![note], move |r| done(r.map(|()| version)))?;
+        let (notes, version) = self.stage_reported(device_id, module_id, patch, now, &mut batch)?;
+        self.submit_with_notifications_then(batch, notes, move |r| done(r.map(|()| version)))?;
         Ok(())
     }
 }
 
 /// Applies `change` to `record`, the twin of `ids` (device, module) a write builds on, and
 /// stages the result in `batch`: checked against the TWN-7 limits, with the next version and
-/// etag. Returns the change notification and the desired change. `whole_twin` gives the body
-/// of a replacement's notification.
+/// etag. Returns the change notifications (the twin's, then for a Plug and Play twin whose
+/// digital twin changed, the digital twin's) and the desired change. `whole_twin` gives the
+/// body of a replacement's notification.
 fn stage_change(
     (device_id, module_id): (&str, Option<&str>),
     record: &mut TwinRecord,
@@ -301,8 +303,13 @@ fn stage_change(
     now: UnixMillis,
     batch: &mut Batch,
     whole_twin: impl FnOnce(&TwinRecord) -> Map<String, Value>,
-) -> Result<(PendingNotification, Option<(Map<String, Value>, u64)>), TwinError> {
+) -> Result<(Vec<PendingNotification>, Option<(Map<String, Value>, u64)>), TwinError> {
     if_match.check(&record.etag)?;
+    // Only a Plug and Play twin has a digital twin to compare; others pay nothing for it.
+    let digital_before = record
+        .model_id
+        .as_deref()
+        .map(|model| digital_twin::view(device_id, Some(model), record, &stored_time));
     let Applied {
         desired_change,
         op,
@@ -322,14 +329,38 @@ fn stage_change(
     let key = keys::twin(device_id, module_id);
     batch.put_record(cf::TWINS, key.clone(), &*record);
     batch.note_twin_write(&key, reported_only);
-    let note = PendingNotification {
+    let mut notes = vec![PendingNotification {
         device_id: device_id.to_string(),
         module_id: module_id.map(str::to_string),
         op,
         time: now,
         body,
-    };
-    Ok((note, desired_change))
+    }];
+    if let (Some(before), Some(model)) = (digital_before, record.model_id.as_deref()) {
+        let after = digital_twin::view(device_id, Some(model), record, &stored_time);
+        let patch = digital_twin::diff::diff(&before, &after);
+        if !patch.is_empty() {
+            let mut body = Map::new();
+            body.insert("patch".into(), Value::Array(patch));
+            body.insert("modelId".into(), Value::String(model.to_string()));
+            notes.push(PendingNotification {
+                device_id: device_id.to_string(),
+                module_id: module_id.map(str::to_string),
+                op: match op {
+                    TwinOp::ReplaceTwin => TwinOp::DigitalTwinReplace,
+                    _ => TwinOp::DigitalTwinUpdate,
+                },
+                time: now,
+                body,
+            });
+        }
+    }
+    Ok((notes, desired_change))
+}
+
+/// A time as stored notification bodies carry it: Unix milliseconds in a string.
+fn stored_time(t: UnixMillis) -> String {
+    t.0.to_string()
 }
 
 /// The change a device's reported patch makes.
@@ -431,6 +462,7 @@ impl TwinWrite {
 fn empty_twin(identity: &Identity) -> TwinRecord {
     TwinRecord {
         etag: initial_etag(identity),
+        model_id: identity.model_id.clone(),
         ..TwinRecord::empty(identity.status_updated_time)
     }
 }

@@ -275,6 +275,7 @@ mod tests {
                 device_scope: None,
                 parent_scopes: Vec::new(),
                 managed_by: None,
+                model_id: None,
             },
             record,
         };

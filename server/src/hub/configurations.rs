@@ -82,7 +82,10 @@ impl Reconciler {
 /// a change of desired properties alone (which is what the reconciler itself writes).
 fn may_retarget(n: &Notification) -> bool {
     match n.op {
-        NotificationOp::DeleteDeviceIdentity => false,
+        // A digital twin change comes with the twin change it describes, which decides.
+        NotificationOp::DeleteDeviceIdentity
+        | NotificationOp::DigitalTwinUpdate
+        | NotificationOp::DigitalTwinReplace => false,
         NotificationOp::UpdateTwin => {
             n.body.contains_key("tags")
                 || n.body

@@ -70,7 +70,7 @@ pub fn twin_json(t: &Twin) -> Value {
         "cloudToDeviceMessageCount": i.cloud_to_device_message_count,
         "authenticationType": auth_type_name(i.authentication.kind),
         "x509Thumbprint": {"primaryThumbprint": thumbprints.primary, "secondaryThumbprint": thumbprints.secondary},
-        "modelId": "",
+        "modelId": i.model_id.as_deref().unwrap_or_default(),
         "version": r.version,
         "tags": Value::Object(r.tags.clone()),
         "properties": {

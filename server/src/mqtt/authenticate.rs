@@ -81,6 +81,33 @@ pub fn check_username(username: Option<&str>, host: &str, who: &Identity) -> Res
     Ok(())
 }
 
+/// The Plug and Play model id in a user name's query (`model-id=...`, percent-decoded: the
+/// Python SDK encodes it, Node's does not), `None` when there is none (PNP-1).
+///
+/// # Errors
+/// [`Refusal::BadCredentials`] for a model id that is not a DTMI: nothing is stored for it.
+pub fn model_id_of(username: Option<&str>) -> Result<Option<String>, Refusal> {
+    let Some((_, query)) = username.and_then(|u| u.split_once('?')) else {
+        return Ok(None);
+    };
+    let decode = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
+    let Some(raw) = query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(k, _)| decode(k) == "model-id")
+        .map(|(_, v)| decode(v))
+    else {
+        return Ok(None);
+    };
+    if ferrohub_engine::twin::pnp::is_valid_dtmi(&raw) {
+        Ok(Some(raw))
+    } else {
+        Err(Refusal::BadCredentials(format!(
+            "model-id {raw:?} is not a DTMI (dtmi:<segment>[:<segment>...];<version>)"
+        )))
+    }
+}
+
 /// Authenticates a CONNECT.
 pub async fn authenticate(
     ctx: &HubContext,
@@ -123,5 +150,27 @@ mod tests {
         assert!(check_username(Some("other/dev1/?api-version=1"), "localhost", &dev).is_err());
         assert!(check_username(Some("localhost/dev1/?x"), "localhost", &module).is_err());
         assert!(check_username(None, "localhost", &dev).is_err());
+    }
+
+    #[test]
+    fn model_ids_from_either_sdk_and_malformed_ones() {
+        let python = "h/d/?api-version=2020-09-30&DeviceClientType=x&model-id=dtmi%3Acom%3Aexample%3AT%3B1";
+        let node = "h/d/?api-version=2021-04-12&model-id=dtmi:com:example:T;1&DeviceClientType=y";
+        for u in [python, node] {
+            assert_eq!(
+                model_id_of(Some(u)).unwrap().as_deref(),
+                Some("dtmi:com:example:T;1")
+            );
+        }
+        assert_eq!(model_id_of(Some("h/d/?api-version=2019-10-01")).unwrap(), None);
+        assert_eq!(model_id_of(Some("h/d/")).unwrap(), None);
+        assert_eq!(model_id_of(None).unwrap(), None);
+        for bad in ["dtmi%3Acom%3AT", "com:example:T;1", "dtmi:com:example:T;0", ""] {
+            let u = format!("h/d/?api-version=2020-09-30&model-id={bad}");
+            assert!(
+                matches!(model_id_of(Some(&u)), Err(Refusal::BadCredentials(_))),
+                "{bad}"
+            );
+        }
     }
 }

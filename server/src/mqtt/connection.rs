@@ -51,6 +51,20 @@ mod subscriptions;
 
 use open::{open, Opened};
 
+/// What a method name escapes in a request topic: what would end or break the topic segment
+/// (`/`, `?`, `#`, `+`, `%`, `&`, `=`, space, controls) and, by `utf8_percent_encode`, non-ASCII.
+/// Everything else goes as it is, as IoT Hub sends it: Node's device SDK does not decode the
+/// name, and Plug and Play component commands are named `component*command`.
+const METHOD_NAME_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ')
+    .add(b'/')
+    .add(b'?')
+    .add(b'#')
+    .add(b'+')
+    .add(b'%')
+    .add(b'&')
+    .add(b'=');
+
 /// Largest MQTT packet: a 256 KB message plus its topic and property bag.
 pub const MAX_PACKET: usize = 256 * 1024 + 64 * 1024;
 /// Initial read and write buffer of a connection.
@@ -611,10 +625,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
                     method,
                     payload,
                 } = *call;
-                let name = percent_encoding::utf8_percent_encode(
-                    &method,
-                    percent_encoding::NON_ALPHANUMERIC,
-                );
+                let name = percent_encoding::utf8_percent_encode(&method, METHOD_NAME_ESCAPED);
                 let topic =
                     mqtt::TopicName::new(format!("$iothub/methods/POST/{name}/?$rid={rid}"))
                         .ok()?;

@@ -146,6 +146,9 @@ pub struct DeviceJson {
     capabilities: CapabilitiesJson,
     device_scope: Option<String>,
     parent_scopes: Vec<String>,
+    /// The Plug and Play model the device announced (PNP-1); absent for other devices.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model_id: Option<String>,
 }
 
 impl From<&Identity> for DeviceJson {
@@ -167,6 +170,7 @@ impl From<&Identity> for DeviceJson {
             },
             device_scope: d.device_scope.clone(),
             parent_scopes: d.parent_scopes.clone(),
+            model_id: d.model_id.clone(),
         }
     }
 }
@@ -185,6 +189,8 @@ pub struct ModuleJson {
     last_activity_time: String,
     cloud_to_device_message_count: u32,
     authentication: AuthenticationJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model_id: Option<String>,
 }
 
 impl From<&Identity> for ModuleJson {
@@ -200,6 +206,7 @@ impl From<&Identity> for ModuleJson {
             last_activity_time: format_time(m.last_activity_time),
             cloud_to_device_message_count: m.cloud_to_device_message_count,
             authentication: auth_json(m),
+            model_id: m.model_id.clone(),
         }
     }
 }

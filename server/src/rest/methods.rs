@@ -61,27 +61,37 @@ pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
     ])
 }
 
-async fn invoke(
-    (device, module): (PathId, Option<PathId>),
-    ctx: Context,
-    p: Principal,
-    call: MethodCall,
-) -> Handled {
-    let (device, module) = (device.0, module.map(|m| m.0));
-    p.require_hub(Permission::ServiceConnect)?;
-    if call.method_name.is_empty() || call.method_name.len() > 256 {
+/// How a call ended: the device's answer, or the response IoT Hub gives when the device's side
+/// failed (not online, no answer).
+pub(super) enum Called {
+    Answered { status: i32, payload: Value },
+    Failed(Response),
+}
+
+/// A call to the direct method `method` of `device` (or its `module`), checked as IoT Hub
+/// checks it; shared by `/twins/.../methods` and the digital twin commands.
+///
+/// # Errors
+/// 400 for a bad name or timeout, 413 for a payload over 128 KB, 404 for an identity that is
+/// not registered.
+pub(super) async fn call(
+    ctx: &Context,
+    (device, module): (String, Option<String>),
+    method: String,
+    payload: &Value,
+    (response_timeout, connect_timeout): (Option<u64>, Option<u64>),
+) -> Result<Called, ApiError> {
+    if method.is_empty() || method.len() > 256 {
         return Err(ApiError::argument("methodName must be 1 to 256 characters"));
     }
-    let response_timeout = call
-        .response_timeout_in_seconds
-        .unwrap_or(DEFAULT_RESPONSE_TIMEOUT);
+    let response_timeout = response_timeout.unwrap_or(DEFAULT_RESPONSE_TIMEOUT);
     if !(5..=300).contains(&response_timeout) {
         return Err(ApiError::argument(
             "responseTimeoutInSeconds must be 5 to 300",
         ));
     }
-    let connect_timeout = call.connect_timeout_in_seconds.unwrap_or(0).min(300);
-    let payload = serde_json::to_vec(&call.payload).map_err(|e| ApiError::format(e.to_string()))?;
+    let connect_timeout = connect_timeout.unwrap_or(0).min(300);
+    let payload = serde_json::to_vec(payload).map_err(|e| ApiError::format(e.to_string()))?;
     if payload.len() > MAX_PAYLOAD {
         return Err(ApiError::TooLarge(format!(
             "method payload of {} bytes; at most 128 KB",
@@ -103,7 +113,7 @@ async fn invoke(
             .await?;
     }
     let request = MethodRequest {
-        method: call.method_name,
+        method,
         payload,
         connect_timeout: Duration::from_secs(connect_timeout),
         response_timeout: Duration::from_secs(response_timeout),
@@ -122,9 +132,10 @@ async fn invoke(
                     Value::String(String::from_utf8_lossy(&a.payload).into_owned())
                 })
             };
-            Ok(json(
-                &serde_json::json!({ "status": a.status, "payload": payload }),
-            ))
+            Ok(Called::Answered {
+                status: a.status,
+                payload,
+            })
         }
         Err(failure) => {
             let (code, name, message) = failure.iot_hub_error();
@@ -133,7 +144,24 @@ async fn invoke(
             } else {
                 StatusCode::NOT_FOUND
             };
-            Ok(error(status, code, name, message))
+            Ok(Called::Failed(error(status, code, name, message)))
         }
     }
+}
+
+async fn invoke(
+    (device, module): (PathId, Option<PathId>),
+    ctx: Context,
+    p: Principal,
+    c: MethodCall,
+) -> Handled {
+    p.require_hub(Permission::ServiceConnect)?;
+    let timeouts = (c.response_timeout_in_seconds, c.connect_timeout_in_seconds);
+    let target = (device.0, module.map(|m| m.0));
+    Ok(match call(&ctx, target, c.method_name, &c.payload, timeouts).await? {
+        Called::Answered { status, payload } => {
+            json(&serde_json::json!({ "status": status, "payload": payload }))
+        }
+        Called::Failed(response) => response,
+    })
 }

@@ -9,6 +9,7 @@
 mod c2d;
 mod certificates;
 mod configurations;
+mod digital_twins;
 pub mod error;
 mod events;
 mod files;
@@ -163,6 +164,11 @@ fn classify(method: &warp::http::Method, path: &str) -> Option<Operation> {
         ["twins", _, "methods"] | ["twins", _, "modules", _, "methods"] => Some(Operation::Method),
         ["twins", ..] if method == Method::GET => Some(Operation::TwinRead),
         ["twins", ..] => Some(Operation::TwinUpdate),
+        ["digitaltwins", _, "commands", _] | ["digitaltwins", _, "components", _, "commands", _] => {
+            Some(Operation::Method)
+        }
+        ["digitaltwins", ..] if method == Method::GET => Some(Operation::TwinRead),
+        ["digitaltwins", ..] => Some(Operation::TwinUpdate),
         ["jobs", "v2", "query"] => Some(Operation::Query),
         ["jobs", ..] => Some(Operation::Jobs),
         ["devices", ..] | ["statistics", "devices"] | ["configurations", ..] => {
@@ -240,6 +246,7 @@ fn table(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
         certificates::routes(ctx.clone()),
         twins::routes(ctx.clone()),
         methods::routes(ctx.clone()),
+        digital_twins::routes(ctx.clone()),
         c2d::routes(ctx.clone()),
         scheduled_jobs::routes(ctx.clone()),
         configurations::routes(ctx.clone()),

@@ -201,7 +201,7 @@ impl ListItem for Route {
     fn from_json(name: String, body: RouteJson) -> Result<Self, ApiError> {
         let source = EventSource::parse(&body.source).ok_or_else(|| {
             ApiError::argument(format!(
-                "source {:?} is not DeviceMessages, TwinChangeEvents, DeviceLifecycleEvents or DeviceConnectionStateEvents",
+                "source {:?} is not DeviceMessages, TwinChangeEvents, DeviceLifecycleEvents, DeviceConnectionStateEvents or DigitalTwinChangeEvents",
                 body.source
             ))
         })?;

@@ -24,7 +24,45 @@ fn source_names(source: EventSource) -> (&'static str, &'static str) {
             "deviceConnectionStateEvents",
             "deviceConnectionStateNotification",
         ),
+        EventSource::DigitalTwinChangeEvents => (
+            "digitalTwinChangeEvents",
+            "digitalTwinChangeNotification",
+        ),
         EventSource::DeviceMessages => ("Telemetry", ""),
+    }
+}
+
+/// Replaces stored millisecond times in a digital twin patch (`lastUpdateTime`, as a member
+/// or as the last step of an operation's path) with ISO 8601.
+fn format_patch_times(ops: &mut [Value]) {
+    fn ms_to_iso(v: &mut Value) {
+        if let Some(ms) = v.as_str().and_then(|s| s.parse::<i64>().ok()) {
+            *v = Value::String(iso7(UnixMillis(ms)));
+        }
+    }
+    fn walk(v: &mut Value) {
+        if let Value::Object(map) = v {
+            for (k, child) in map.iter_mut() {
+                if k == "lastUpdateTime" {
+                    ms_to_iso(child);
+                } else {
+                    walk(child);
+                }
+            }
+        }
+    }
+    for op in ops.iter_mut() {
+        let at_time = op
+            .get("path")
+            .and_then(Value::as_str)
+            .is_some_and(|p| p.ends_with("/lastUpdateTime"));
+        if let Some(value) = op.get_mut("value") {
+            if at_time {
+                ms_to_iso(value);
+            } else {
+                walk(value);
+            }
+        }
     }
 }
 
@@ -51,8 +89,14 @@ fn format_times(value: &mut Value) {
 pub fn to_event(n: &Notification, hub_name: &str) -> NewEvent {
     let source = n.op.source();
     let (message_source, schema) = source_names(source);
+    let digital = source == EventSource::DigitalTwinChangeEvents;
+    let content_type = if digital {
+        "application/json-patch+json"
+    } else {
+        "application/json"
+    };
     let mut system: Vec<SystemProperty> = vec![
-        ("content-type".into(), "application/json".into()),
+        ("content-type".into(), content_type.into()),
         ("content-encoding".into(), "utf-8".into()),
         (
             "correlation-id".into(),
@@ -81,7 +125,20 @@ pub fn to_event(n: &Notification, hub_name: &str) -> NewEvent {
     application.push(("opType".into(), n.op.name().into()));
     application.push(("iothub-message-schema".into(), schema.into()));
     application.push(("operationTimestamp".into(), iso7(n.time)));
+    let model = n.body.get("modelId").and_then(Value::as_str);
+    if let (true, Some(model)) = (digital, model) {
+        application.push(("dt-dataschema".into(), model.to_string()));
+        system.push(("dt-dataschema".into(), model.to_string().into()));
+    }
     let body = match n.op {
+        NotificationOp::DigitalTwinUpdate | NotificationOp::DigitalTwinReplace => {
+            let mut ops = match n.body.get("patch") {
+                Some(Value::Array(ops)) => ops.clone(),
+                _ => Vec::new(),
+            };
+            format_patch_times(&mut ops);
+            Value::Array(ops)
+        }
         NotificationOp::DeviceConnected | NotificationOp::DeviceDisconnected => {
             let mut b = Map::new();
             b.insert(
@@ -126,6 +183,51 @@ mod tests {
         };
         assert_eq!(body(10).len(), 64);
         assert!(body(9) < body(10) && body(255) < body(256));
+    }
+
+    #[test]
+    fn a_digital_twin_change_is_a_json_patch_with_its_model() {
+        let body = serde_json::json!({
+            "modelId": "dtmi:com:example:T;1",
+            "patch": [
+                {"op": "add", "path": "/$metadata/temp", "value": {"lastUpdateTime": "0"}},
+                {"op": "replace", "path": "/c/$metadata/x/lastUpdateTime", "value": "0"},
+                {"op": "replace", "path": "/temp", "value": 21},
+            ],
+        });
+        let n = Notification {
+            sequence: 1,
+            device_id: "d".into(),
+            module_id: None,
+            op: NotificationOp::DigitalTwinUpdate,
+            time: UnixMillis(0),
+            body: body.as_object().unwrap().clone(),
+        };
+        let e = to_event(&n, "hub");
+        let system = |k: &str| {
+            e.system_properties
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.to_string())
+        };
+        let app = |k: &str| {
+            e.application_properties
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(system("content-type").as_deref(), Some("application/json-patch+json"));
+        assert_eq!(system("content-encoding").as_deref(), Some("utf-8"));
+        assert_eq!(system("iothub-message-source").as_deref(), Some("digitalTwinChangeEvents"));
+        assert_eq!(app("iothub-message-schema").as_deref(), Some("digitalTwinChangeNotification"));
+        assert_eq!(app("opType").as_deref(), Some("updateTwin"));
+        assert_eq!(app("dt-dataschema").as_deref(), Some("dtmi:com:example:T;1"));
+        assert_eq!(app("hubName").as_deref(), Some("hub"));
+        let ops: Value = serde_json::from_slice(&e.body).unwrap();
+        let zero = "1970-01-01T00:00:00.0000000Z";
+        assert_eq!(ops[0]["value"]["lastUpdateTime"], zero);
+        assert_eq!(ops[1]["value"], zero);
+        assert_eq!(ops[2]["value"], 21);
     }
 
     #[test]

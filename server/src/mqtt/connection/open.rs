@@ -22,7 +22,7 @@ use super::{
 };
 use crate::hub::connections::OUTBOUND_QUEUE;
 use crate::hub::HubContext;
-use crate::mqtt::authenticate::authenticate;
+use crate::mqtt::authenticate::{authenticate, model_id_of};
 use crate::mqtt::lifecycle::{finish, stage_connection, Change};
 
 /// What an accepted CONNECT leaves for the rest of the connection.
@@ -81,7 +81,15 @@ where
     if let Some(code) = refusal {
         return refuse(&mut framed, code).await;
     }
-    let auth = match authenticate(
+    // A malformed model id refuses the CONNECT before anything is read or stored (PNP-1).
+    let model_id = match model_id_of(connect.user_name()) {
+        Ok(m) => m,
+        Err(refusal) => {
+            tracing::info!(peer = %peer.addr, client_id = connect.client_identifier(), %refusal, "CONNECT refused");
+            return refuse(&mut framed, refusal.code()).await;
+        }
+    };
+    let mut auth = match authenticate(
         &ctx,
         connect.client_identifier(),
         connect.user_name(),
@@ -100,6 +108,25 @@ where
     if let Some(wait) = ctx.throttles.d2c.penalty(&auth.who.device_id) {
         tracing::info!(peer = %peer.addr, client_id = connect.client_identifier(), retry_after = ?wait, "CONNECT refused: the device is held back for D2C excess");
         return refuse(&mut framed, ConnectReturnCode::ServiceUnavailable).await;
+    }
+    // A model id the identity does not have yet is stored, durably, before the CONNACK; the
+    // same one again costs nothing. A connection without one leaves the stored one alone.
+    if let Some(model) = model_id.filter(|m| auth.record.model_id.as_ref() != Some(m)) {
+        let (d, m) = (
+            auth.who.device_id.to_string(),
+            auth.who.module().map(str::to_string),
+        );
+        let stored_model = model.clone();
+        let stored = ctx
+            .store
+            .run(move |s| s.set_model_id(&d, m.as_deref(), &stored_model))
+            .await;
+        if let Err(e) = stored {
+            tracing::warn!(client_id = connect.client_identifier(), error = %e, "cannot store the model id; CONNECT refused");
+            return refuse(&mut framed, ConnectReturnCode::ServiceUnavailable).await;
+        }
+        tracing::info!(client_id = connect.client_identifier(), model_id = %model, "Plug and Play model id stored");
+        auth.record.model_id = Some(model);
     }
     let client_id = auth.who.client_id();
     let (outbound_tx, outbound) = mpsc::channel(OUTBOUND_QUEUE);

@@ -98,6 +98,10 @@ pub fn export_line(r: &IdentityRecords, exclude_keys: bool) -> Value {
         out["moduleId"] = Value::String(m.clone());
         out["managedBy"] = json!(i.managed_by);
     }
+    // Not in IoT Hub's export; kept so an offline restore keeps a Plug and Play model id.
+    if let Some(model) = &i.model_id {
+        out["modelId"] = Value::String(model.clone());
+    }
     out
 }
 
@@ -247,6 +251,8 @@ fn restore_inner(v: &Value) -> Result<IdentityRecords, String> {
             })
             .unwrap_or_default(),
         managed_by: opt_str(v, "managedBy"),
+        model_id: opt_str(v, "modelId")
+            .filter(|m| ferrohub_engine::twin::pnp::is_valid_dtmi(m)),
     };
     let properties = v.get("properties");
     let twin = TwinRecord {
@@ -264,6 +270,7 @@ fn restore_inner(v: &Value) -> Result<IdentityRecords, String> {
         etag: str_field(v, "twinETag")?.to_string(),
         // Configurations are not exported; the reconciler works them out again.
         configurations: Default::default(),
+        model_id: identity.model_id.clone(),
     };
     Ok(IdentityRecords { identity, twin })
 }
@@ -372,6 +379,7 @@ mod tests {
                 device_scope: Some("ms-azure-iot-edge://x-1".into()),
                 parent_scopes: vec!["ms-azure-iot-edge://x-1".into()],
                 managed_by: None,
+                model_id: None,
             },
             twin,
         }
