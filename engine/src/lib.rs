@@ -141,6 +141,9 @@ pub struct Store {
     /// The twin query index maintenance, on writable stores at version 6 or later.
     twin_index: std::sync::OnceLock<std::sync::Arc<twin_index::Hook>>,
     commit_queue_depth: usize,
+    /// Whether twin writes of Plug and Play twins record digital twin changes (PNP-5): set by
+    /// the hub while a route takes them, so a fleet without such a route pays nothing.
+    digital_twin_changes: std::sync::atomic::AtomicBool,
 }
 
 fn next_feedback_sequence(raw: &raw::Raw, version: u32) -> Result<u64, StorageError> {
@@ -244,6 +247,7 @@ impl Store {
             hub_lock: Mutex::new(()),
             feedback_sequence,
             feedback_lock: Mutex::new(()),
+            digital_twin_changes: std::sync::atomic::AtomicBool::new(false),
             job_lock: jobs::JobLock::default(),
             scheduled_job_lock: scheduled_jobs::ScheduledJobLock::default(),
             configuration_lock: configurations::ConfigurationLock::default(),

@@ -69,6 +69,7 @@ fn a_model_id_is_stored_on_identity_and_twin_without_new_etags() {
 fn only_a_plug_and_play_twin_records_digital_twin_changes() {
     let dir = tempfile::tempdir().unwrap();
     let store = common::store_with_device(dir.path());
+    store.record_digital_twin_changes(true);
     store.create_device("plain", &IdentitySpec::default(), common::T0).unwrap();
     store.set_model_id("d", None, MODEL).unwrap();
     for id in ["d", "plain"] {
@@ -86,6 +87,13 @@ fn only_a_plug_and_play_twin_records_digital_twin_changes() {
     let changes = digital(all);
     assert!(changes.iter().all(|n| n.device_id == "d"));
     assert_eq!(changes.len(), 2);
+
+    // Not recorded while no route takes them.
+    store.record_digital_twin_changes(false);
+    store
+        .patch_reported("d", None, &obj(json!({"serial": "c"})), common::at(4))
+        .unwrap();
+    assert_eq!(digital(store.read_notifications(0, 100).unwrap()).len(), 2);
     assert!(changes.iter().all(|n| n.op == NotificationOp::DigitalTwinUpdate));
     assert_eq!(changes[0].body["modelId"], MODEL);
     let first = changes[0].body["patch"].as_array().unwrap();
@@ -103,6 +111,7 @@ fn only_a_plug_and_play_twin_records_digital_twin_changes() {
 fn a_digital_twin_patch_is_one_desired_patch_or_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = common::store_with_device(dir.path());
+    store.record_digital_twin_changes(true);
     store.set_model_id("d", None, MODEL).unwrap();
     store
         .patch_reported("d", None, &obj(json!({"c1": {"__t": "c", "t": 1}})), common::at(1))

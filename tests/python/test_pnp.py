@@ -235,6 +235,9 @@ def test_bad_digital_twin_requests_change_nothing(sdk_hub):
         ([{"op": "add", "path": "no-slash", "value": 1}], 400),
         ([{"op": "add", "path": "/a"}], 400),
         ([{"op": "add", "path": "/c1", "value": 5}], 400),
+        # A path a million characters deep is refused before anything is built from it.
+        ([{"op": "add", "path": "/a" * 500_000, "value": 1}], 400),
+        ([{"op": "add", "path": f"/p{i}", "value": i} for i in range(1001)], 400),
     ]
     for patch, status in bad_patches:
         r = hub.request("PATCH", "/digitaltwins/pnp-bad", token, json=patch)

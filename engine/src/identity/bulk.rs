@@ -134,6 +134,7 @@ impl Txn<'_> {
             return Ok(());
         }
         let mut record = self.store.load_twin_record(identity)?;
+        let digital_before = self.store.digital_view_before(&identity.device_id, &record);
         if let Some(tags) = &write.tags {
             record.tags = tags.clone();
         }
@@ -157,6 +158,13 @@ impl Txn<'_> {
             time: now,
             body,
         });
+        self.notes.extend(crate::twin::changes::digital_twin_change(
+            (&identity.device_id, module_id),
+            digital_before,
+            &record,
+            NotificationOp::ReplaceTwin,
+            now,
+        ));
         Ok(())
     }
 }

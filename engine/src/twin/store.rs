@@ -18,7 +18,6 @@ use serde_json::{Map, Value};
 use ferrohub_migrations::cf;
 
 use super::changes;
-use super::pnp as digital_twin;
 use super::limits::{check_section, check_size, SectionKind};
 pub use super::record::{Twin, TwinRecord};
 use crate::error::{StorageError, TwinError};
@@ -121,6 +120,7 @@ impl Store {
         batch: &mut Batch,
     ) -> Result<(Vec<PendingNotification>, TwinOutcome), TwinError> {
         let mut record = self.load_twin_record(&identity)?;
+        let digital_before = self.digital_view_before(&identity.device_id, &record);
         let (notes, desired_change) = stage_change(
             (&identity.device_id, identity.module_id.as_deref()),
             &mut record,
@@ -129,6 +129,7 @@ impl Store {
             now,
             batch,
             |record| changes::whole_twin(&identity, record, true),
+            digital_before,
         )?;
         Ok((
             notes,
@@ -158,6 +159,7 @@ impl Store {
             Some(record) => record,
             None => empty_twin(&self.load_identity(device_id, module_id)?),
         };
+        let digital_before = self.digital_view_before(device_id, &record);
         let (notes, _) = stage_change(
             (device_id, module_id),
             &mut record,
@@ -167,6 +169,7 @@ impl Store {
             batch,
             // A reported patch is an update, never a replacement.
             |_| Map::new(),
+            digital_before,
         )?;
         Ok((notes, record.reported.version))
     }
@@ -303,13 +306,9 @@ fn stage_change(
     now: UnixMillis,
     batch: &mut Batch,
     whole_twin: impl FnOnce(&TwinRecord) -> Map<String, Value>,
+    digital_before: Option<Map<String, Value>>,
 ) -> Result<(Vec<PendingNotification>, Option<(Map<String, Value>, u64)>), TwinError> {
     if_match.check(&record.etag)?;
-    // Only a Plug and Play twin has a digital twin to compare; others pay nothing for it.
-    let digital_before = record
-        .model_id
-        .as_deref()
-        .map(|model| digital_twin::view(device_id, Some(model), record, &stored_time));
     let Applied {
         desired_change,
         op,
@@ -336,31 +335,14 @@ fn stage_change(
         time: now,
         body,
     }];
-    if let (Some(before), Some(model)) = (digital_before, record.model_id.as_deref()) {
-        let after = digital_twin::view(device_id, Some(model), record, &stored_time);
-        let patch = digital_twin::diff::diff(&before, &after);
-        if !patch.is_empty() {
-            let mut body = Map::new();
-            body.insert("patch".into(), Value::Array(patch));
-            body.insert("modelId".into(), Value::String(model.to_string()));
-            notes.push(PendingNotification {
-                device_id: device_id.to_string(),
-                module_id: module_id.map(str::to_string),
-                op: match op {
-                    TwinOp::ReplaceTwin => TwinOp::DigitalTwinReplace,
-                    _ => TwinOp::DigitalTwinUpdate,
-                },
-                time: now,
-                body,
-            });
-        }
-    }
+    notes.extend(changes::digital_twin_change(
+        (device_id, module_id),
+        digital_before,
+        record,
+        op,
+        now,
+    ));
     Ok((notes, desired_change))
-}
-
-/// A time as stored notification bodies carry it: Unix milliseconds in a string.
-fn stored_time(t: UnixMillis) -> String {
-    t.0.to_string()
 }
 
 /// The change a device's reported patch makes.

@@ -22,7 +22,6 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~');
 
 /// A storage account and the container uploads go to.
-#[derive(Debug)]
 pub struct StorageAccount {
     store: MicrosoftAzure,
     account: String,
@@ -34,6 +33,17 @@ pub struct StorageAccount {
     container: String,
     /// The blob endpoint with its scheme, for the blob URIs in notifications.
     endpoint: String,
+}
+
+impl std::fmt::Debug for StorageAccount {
+    // Never the key: this may end up in a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageAccount")
+            .field("account", &self.account)
+            .field("endpoint", &self.endpoint)
+            .field("container", &self.container)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a device is given to upload one blob.

@@ -36,7 +36,21 @@ pub fn compile_stored(config: &RoutingConfig, store: &Store) -> Result<Table, Ro
 /// A stored configuration that no longer compiles (an endpoint vanished), or storage.
 pub fn load_router(store: &Store, hub_name: &str) -> Result<Router, RouteError> {
     let table = compile_stored(&store.routing_config()?, store)?;
-    Ok(Router::new(table, hub_name))
+    let router = Router::new(table, hub_name);
+    follow_digital_twin_routes(&router, store);
+    Ok(router)
+}
+
+/// Installs `table` and tells the store whether to record digital twin changes: only while a
+/// route takes them (PNP-5), so Plug and Play twins cost nothing more without one. Callers hold
+/// [`Router::lock_changes`].
+pub fn install(router: &Router, table: Table, store: &Store) {
+    router.install(table);
+    follow_digital_twin_routes(router, store);
+}
+
+fn follow_digital_twin_routes(router: &Router, store: &Store) {
+    store.record_digital_twin_changes(router.routes_source(EventSource::DigitalTwinChangeEvents));
 }
 
 /// Applies the configuration file's `[routing]` section at start: creates its endpoints (an

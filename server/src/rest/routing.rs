@@ -19,7 +19,7 @@ use super::error::ApiError;
 use super::reply::{json, json_with_status, no_content, one_of, Handled, Response};
 use super::{caller, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
-use crate::hub::routes::compile_stored;
+use crate::hub::routes::{compile_stored, install};
 use crate::routing::RouteError;
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -127,7 +127,7 @@ async fn change(
                 Ok::<_, RouteError>(())
             })?;
             if let Some(table) = compiled {
-                router.install(table);
+                install(&router, table, s);
             }
             Ok::<_, RouteError>(config)
         })

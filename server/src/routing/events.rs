@@ -32,36 +32,49 @@ fn source_names(source: EventSource) -> (&'static str, &'static str) {
     }
 }
 
-/// Replaces stored millisecond times in a digital twin patch (`lastUpdateTime`, as a member
-/// or as the last step of an operation's path) with ISO 8601.
+/// Replaces the stored millisecond times of a digital twin patch with ISO 8601: only
+/// `lastUpdateTime` at a metadata position (`[/comp]/$metadata/prop/lastUpdateTime`, or inside a
+/// value that is a whole `$metadata`, one property's metadata, or a whole component), never a
+/// device's own value that happens to have that name.
 fn format_patch_times(ops: &mut [Value]) {
     fn ms_to_iso(v: &mut Value) {
         if let Some(ms) = v.as_str().and_then(|s| s.parse::<i64>().ok()) {
             *v = Value::String(iso7(UnixMillis(ms)));
         }
     }
-    fn walk(v: &mut Value) {
+    // One property's metadata: `{"lastUpdateTime", "desiredValue", ...}`.
+    fn entry(v: &mut Value) {
+        if let Some(t) = v.get_mut("lastUpdateTime") {
+            ms_to_iso(t);
+        }
+    }
+    // A whole `$metadata`: property name -> entry (`$model` is not an entry).
+    fn metadata(v: &mut Value) {
         if let Value::Object(map) = v {
-            for (k, child) in map.iter_mut() {
-                if k == "lastUpdateTime" {
-                    ms_to_iso(child);
-                } else {
-                    walk(child);
-                }
-            }
+            map.iter_mut()
+                .filter(|(k, _)| !k.starts_with('$'))
+                .for_each(|(_, e)| entry(e));
         }
     }
     for op in ops.iter_mut() {
-        let at_time = op
-            .get("path")
-            .and_then(Value::as_str)
-            .is_some_and(|p| p.ends_with("/lastUpdateTime"));
-        if let Some(value) = op.get_mut("value") {
-            if at_time {
-                ms_to_iso(value);
-            } else {
-                walk(value);
+        let path = op.get("path").and_then(Value::as_str).unwrap_or_default().to_string();
+        let steps: Vec<&str> = path.split('/').skip(1).collect();
+        let Some(value) = op.get_mut("value") else {
+            continue;
+        };
+        let at_metadata = steps.iter().position(|s| *s == "$metadata");
+        match at_metadata.map(|i| &steps[i + 1..]) {
+            Some([]) => metadata(value),
+            Some([_]) => entry(value),
+            Some([_, "lastUpdateTime"]) => ms_to_iso(value),
+            Some(_) => {}
+            // A whole component (names never hold `$`, so this is its own `$metadata`).
+            None if steps.len() == 1 => {
+                if let Some(m) = value.get_mut("$metadata") {
+                    metadata(m);
+                }
             }
+            None => {}
         }
     }
 }
@@ -193,6 +206,9 @@ mod tests {
                 {"op": "add", "path": "/$metadata/temp", "value": {"lastUpdateTime": "0"}},
                 {"op": "replace", "path": "/c/$metadata/x/lastUpdateTime", "value": "0"},
                 {"op": "replace", "path": "/temp", "value": 21},
+                {"op": "add", "path": "/fw", "value": {"lastUpdateTime": "20240115"}},
+                {"op": "add", "path": "/c", "value": {"x": 1, "$metadata": {"x": {"lastUpdateTime": "0"}}}},
+                {"op": "add", "path": "/c/lastUpdateTime", "value": "0"},
             ],
         });
         let n = Notification {
@@ -228,6 +244,9 @@ mod tests {
         assert_eq!(ops[0]["value"]["lastUpdateTime"], zero);
         assert_eq!(ops[1]["value"], zero);
         assert_eq!(ops[2]["value"], 21);
+        assert_eq!(ops[3]["value"]["lastUpdateTime"], "20240115", "a device's value is its own");
+        assert_eq!(ops[4]["value"]["$metadata"]["x"]["lastUpdateTime"], zero);
+        assert_eq!(ops[5]["value"], "0");
     }
 
     #[test]

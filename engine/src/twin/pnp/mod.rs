@@ -29,9 +29,10 @@ pub const COMPONENT_MARKER: &str = "__t";
 /// The longest model id accepted (DTDL's limit for an identifier).
 pub const MAX_DTMI_LEN: usize = 2048;
 
-/// Whether `text` is a DTMI: `dtmi:` then `:`-separated segments (a letter, then letters,
-/// digits and underscores, not ending in an underscore), then `;` and a version (an integer of
-/// 1 to 9 digits without a leading zero, optionally `.` and a minor version of up to 6).
+/// Whether `text` is a DTMI: `dtmi:` then `:`-separated segments (a letter, or underscores and
+/// a letter or digit for a system segment; then letters, digits and underscores, not ending in
+/// an underscore), then `;` and a version (an integer of 1 to 9 digits without a leading zero,
+/// optionally `.` and a minor version of up to 6).
 pub fn is_valid_dtmi(text: &str) -> bool {
     if text.len() > MAX_DTMI_LEN {
         return false;
@@ -42,9 +43,14 @@ pub fn is_valid_dtmi(text: &str) -> bool {
     let Some((path, version)) = rest.rsplit_once(';') else {
         return false;
     };
+    // A segment starts with a letter, or (a system segment) with underscores and then a letter
+    // or digit; then letters, digits and underscores, not ending in an underscore.
     let segment_ok = |s: &str| {
-        let mut chars = s.chars();
-        chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        let body = s.trim_start_matches('_');
+        let system = body.len() < s.len();
+        body.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || (system && c.is_ascii_digit()))
             && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
             && !s.ends_with('_')
     };
@@ -221,6 +227,7 @@ mod tests {
             "dtmi:a;1",
             "dtmi:com:example:x_1;123456789",
             "dtmi:com:example:T;2.1",
+            "dtmi:_system:_1x:T;1",
         ] {
             assert!(is_valid_dtmi(good), "{good}");
         }
@@ -233,6 +240,7 @@ mod tests {
             "dtmi:com:example:T;01",
             "dtmi:com:1example:T;1",
             "dtmi:com:example_:T;1",
+            "dtmi:com:_:T;1",
             "dtmi:com::T;1",
             "dtmi:com:ex-ample:T;1",
             "dtmi:com:example:T;1234567890",

@@ -18,6 +18,7 @@ use serde_json::{Map, Value};
 
 use super::{component_names, COMPONENT_MARKER};
 use crate::error::ValidationError;
+use crate::twin::limits::MAX_DEPTH;
 use crate::twin::record::TwinRecord;
 
 const FIELD: &str = "digital twin patch";
@@ -25,6 +26,11 @@ const FIELD: &str = "digital twin patch";
 fn invalid(reason: impl Into<String>) -> ValidationError {
     ValidationError::new(FIELD, reason)
 }
+
+/// Most segments a path may have: the twin's depth limit, below a component.
+const MAX_SEGMENTS: usize = MAX_DEPTH + 1;
+/// Most operations in one patch.
+pub const MAX_OPERATIONS: usize = 1000;
 
 /// One checked operation.
 struct Operation<'a> {
@@ -35,13 +41,19 @@ struct Operation<'a> {
 
 /// The desired-properties merge patch that `patch` (a JSON Patch array) means for `record`.
 ///
+/// An operation has the effect JSON Patch gives it on the stored desired properties: `add` or
+/// `replace` of an object replaces the object (members it does not name become `null` in the
+/// merge patch), `remove` of something that is not there changes nothing, and a path through
+/// an array is refused (a merge patch cannot address an array element).
+///
 /// # Errors
 /// [`ValidationError`] naming the first operation that is not acceptable.
 pub fn desired_patch(patch: &Value, record: &TwinRecord) -> Result<Map<String, Value>, ValidationError> {
     let operations = check(patch)?;
     let components = component_names(record);
+    let desired = &record.desired.body;
     let mut out = Map::new();
-    for op in operations {
+    for (i, op) in operations.into_iter().enumerate() {
         let first = &op.segments[0];
         let value = if op.remove {
             Value::Null
@@ -53,22 +65,95 @@ pub fn desired_patch(patch: &Value, record: &TwinRecord) -> Result<Map<String, V
                 || value.get("$metadata").is_some_and(Value::is_object));
         if whole_component {
             out.insert(first.clone(), component_value(first, value, record)?);
-        } else if op.segments.len() > 1 && components.contains(first) {
+            continue;
+        }
+        let in_component = op.segments.len() > 1 && components.contains(first);
+        let current = match current_at(desired, &op.segments) {
+            Ok(current) => current,
+            Err(()) => {
+                return Err(invalid(format!(
+                    "operation {i}: the path goes through an array, which a patch cannot address"
+                )))
+            }
+        };
+        let target = if in_component {
             let component = out
                 .entry(first.clone())
                 .or_insert_with(|| Value::Object(Map::new()));
             if !component.is_object() {
                 *component = Value::Object(Map::new());
             }
-            if let Value::Object(c) = component {
-                c.insert(COMPONENT_MARKER.into(), Value::String("c".into()));
-                set_path(c, &op.segments[1..], value);
-            }
+            let c = component.as_object_mut().expect("made an object above");
+            c.insert(COMPONENT_MARKER.into(), Value::String("c".into()));
+            c
         } else {
-            set_path(&mut out, &op.segments, value);
+            &mut out
+        };
+        let path = if in_component {
+            &op.segments[1..]
+        } else {
+            &op.segments[..]
+        };
+        match (op.remove, current) {
+            // Nothing stored there: only what this patch itself added is taken back.
+            (true, None) => remove_path(target, path),
+            (_, current) => set_path(target, path, replacement(value, current)),
         }
     }
     Ok(out)
+}
+
+/// The stored desired value at `path`, or `Err` when the path runs through an array.
+fn current_at<'a>(desired: &'a Map<String, Value>, path: &[String]) -> Result<Option<&'a Value>, ()> {
+    let mut node = match desired.get(&path[0]) {
+        Some(v) => v,
+        None => return Ok(None),
+    };
+    for step in &path[1..] {
+        match node {
+            Value::Object(map) => match map.get(step) {
+                Some(v) => node = v,
+                None => return Ok(None),
+            },
+            Value::Array(_) => return Err(()),
+            _ => return Ok(None),
+        }
+    }
+    Ok(Some(node))
+}
+
+/// `value` as a merge patch that leaves exactly `value` where `current` was: members of a
+/// stored object that `value` does not name become `null`, level by level.
+fn replacement(value: Value, current: Option<&Value>) -> Value {
+    match (value, current) {
+        (Value::Object(mut given), Some(Value::Object(stored))) => {
+            for (key, old) in stored {
+                match given.remove(key) {
+                    Some(new) => {
+                        given.insert(key.clone(), replacement(new, Some(old)));
+                    }
+                    None => {
+                        given.insert(key.clone(), Value::Null);
+                    }
+                }
+            }
+            Value::Object(given)
+        }
+        (value, _) => value,
+    }
+}
+
+/// Takes back what an earlier operation of the same patch set at `segments`, if anything.
+fn remove_path(target: &mut Map<String, Value>, segments: &[String]) {
+    let (last, parents) = segments.split_last().expect("paths have a segment");
+    let mut at = target;
+    for segment in parents {
+        match at.get_mut(segment) {
+            Some(Value::Object(next)) => at = next,
+            _ => return,
+        }
+    }
+    at.remove(last);
 }
 
 /// The desired object of a component set whole: the given properties, and `null` for the
@@ -126,6 +211,12 @@ fn check(patch: &Value) -> Result<Vec<Operation<'_>>, ValidationError> {
     if items.is_empty() {
         return Err(invalid("the patch has no operations"));
     }
+    if items.len() > MAX_OPERATIONS {
+        return Err(invalid(format!(
+            "the patch has {} operations; at most {MAX_OPERATIONS} are allowed",
+            items.len()
+        )));
+    }
     items
         .iter()
         .enumerate()
@@ -147,9 +238,20 @@ fn check(patch: &Value) -> Result<Vec<Operation<'_>>, ValidationError> {
                 .get("path")
                 .and_then(Value::as_str)
                 .ok_or_else(|| invalid(format!("operation {i} has no path")))?;
+            if path.matches('/').count() > MAX_SEGMENTS {
+                return Err(invalid(format!(
+                    "operation {i}: the path is deeper than properties nest ({MAX_DEPTH})"
+                )));
+            }
             let segments = parse_pointer(path)
                 .ok_or_else(|| invalid(format!("operation {i}: path {path:?} is not a JSON Pointer to a property")))?;
-            if let Some(bad) = segments.iter().find(|s| s.starts_with('$') || s.as_str() == COMPONENT_MARKER) {
+            if segments.len() > MAX_SEGMENTS {
+                return Err(invalid(format!(
+                    "operation {i}: the path has {} steps; properties nest at most {MAX_DEPTH} deep",
+                    segments.len()
+                )));
+            }
+            if let Some(bad) = segments.iter().find(|s| s.starts_with('$') || s.as_str() == COMPONENT_MARKER || s.as_str() == "-") {
                 return Err(invalid(format!(
                     "operation {i}: path {path:?} names {bad:?}, which is not a property"
                 )));
@@ -222,7 +324,6 @@ mod tests {
                 "fanSpeed": 2.0,
                 "thermostat1": {"__t": "c", "targetTemperature": 21.4},
                 "thermostat2": {"__t": "c", "targetTemperature": 19},
-                "old": null,
                 "complex": {"field": 1},
             })
         );
@@ -243,6 +344,54 @@ mod tests {
         );
         let removed = desired_patch(&json!([{"op": "remove", "path": "/thermostat1"}]), &twin()).unwrap();
         assert_eq!(Value::Object(removed), json!({"thermostat1": null}));
+    }
+
+    #[test]
+    fn operations_mean_what_json_patch_says_of_the_stored_values() {
+        let mut r = twin();
+        r.desired.patch(
+            json!({"obj": {"x": 1, "y": {"a": 1, "b": 2}}, "list": [1, 2], "gone": 1})
+                .as_object()
+                .unwrap(),
+            UnixMillis(4),
+        );
+        let p = desired_patch(
+            &json!([
+                {"op": "replace", "path": "/obj", "value": {"x": 5, "y": {"a": 3}}},
+                {"op": "remove", "path": "/absent/x"},
+                {"op": "add", "path": "/added", "value": 1},
+                {"op": "remove", "path": "/added"},
+                {"op": "remove", "path": "/gone"},
+                {"op": "replace", "path": "/thermostat1", "value": {"mode": "off", "$metadata": {}}},
+            ]),
+            &r,
+        )
+        .unwrap();
+        assert_eq!(
+            Value::Object(p),
+            json!({
+                "obj": {"x": 5, "y": {"a": 3, "b": null}},
+                "gone": null,
+                "thermostat1": {"__t": "c", "mode": "off", "targetTemperature": null},
+            })
+        );
+        for through_array in ["/list/0", "/list/-"] {
+            let op = json!([{"op": "replace", "path": through_array, "value": 5}]);
+            assert!(desired_patch(&op, &r).is_err(), "{through_array}");
+        }
+    }
+
+    #[test]
+    fn long_paths_and_long_patches_are_refused_before_anything_is_built() {
+        let deep = format!("/{}", vec!["a"; 500_000].join("/"));
+        let op = json!([{"op": "add", "path": deep, "value": 1}]);
+        assert!(desired_patch(&op, &twin()).is_err());
+        let ok_depth = format!("/{}", vec!["a"; MAX_SEGMENTS].join("/"));
+        assert!(desired_patch(&json!([{"op": "add", "path": ok_depth, "value": 1}]), &twin()).is_ok());
+        let many: Vec<Value> = (0..=MAX_OPERATIONS)
+            .map(|i| json!({"op": "add", "path": format!("/p{i}"), "value": i}))
+            .collect();
+        assert!(desired_patch(&Value::Array(many), &twin()).is_err());
     }
 
     #[test]
