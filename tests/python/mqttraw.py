@@ -90,6 +90,16 @@ class RawMqtt:
 
     # -- packets -----------------------------------------------------------------------------
     def connect(self, client_id, username=None, password=None, clean=False, keepalive=60, will=None, level=4):
+        self.send_connect(client_id, username, password, clean, keepalive, will, level)
+        return self.read_connack()
+
+    def read_connack(self):
+        ptype, _, body = self.read()
+        assert ptype == CONNACK, ptype
+        return bool(body[0] & 1), body[1]
+
+    def send_connect(self, client_id, username=None, password=None, clean=False, keepalive=60, will=None, level=4):
+        """Sends a CONNECT without waiting for its CONNACK (read_connack reads it)."""
         flags = 0 if not clean else 0x02
         payload = _str(client_id)
         if will:
@@ -104,9 +114,6 @@ class RawMqtt:
             payload += _str(password)
         body = _str("MQTT") + bytes([level, flags]) + struct.pack("!H", keepalive) + payload
         self.send(packet(CONNECT, 0, body))
-        ptype, _, body = self.read()
-        assert ptype == CONNACK, ptype
-        return bool(body[0] & 1), body[1]
 
     def publish(self, topic, payload=b"", qos=0, pkid=1, retain=False, dup=False):
         flags = (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
