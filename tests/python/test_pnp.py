@@ -29,6 +29,7 @@ from azure.iot.hub import DigitalTwinClient, IoTHubRegistryManager
 import ehkit
 from ehkit import device_of, prop
 from hubkit import REPO
+from mqttquic import QuicMqtt
 from routingkit import HUB_NAME, put_endpoint, put_route
 from test_node_event_hubs import node_env
 
@@ -105,6 +106,29 @@ def test_the_model_id_is_stored_shown_and_queried(sdk_hub):
         t = twin(hub, "pnp-model")
         assert (t["modelId"], t["etag"]) == (OTHER_MODEL, etag), bad
     assert "is not a DTMI" in hub.stderr_path.read_text()
+
+
+def test_the_model_id_over_websocket_and_quic(sdk_hub):
+    hub = sdk_hub
+    hub.create_device("pnp-ws")
+    hub.create_device("pnp-quic")
+    c = device(hub, "pnp-ws", MODEL, websockets=True)
+    c.connect()
+    c.shutdown()
+    assert twin(hub, "pnp-ws")["modelId"] == MODEL
+
+    def quic_connect(model):
+        q = QuicMqtt(hub.quic_port, hub.ca)
+        try:
+            username = f"localhost/pnp-quic/?api-version=2020-09-30&model-id={urllib.parse.quote(model, safe='')}"
+            return q.connect("pnp-quic", username=username, password=hub.device_token("pnp-quic"))[1]
+        finally:
+            q.close()
+
+    assert quic_connect(OTHER_MODEL) == 0
+    assert twin(hub, "pnp-quic")["modelId"] == OTHER_MODEL
+    assert quic_connect("dtmi:not a model;1") == 4, "a malformed DTMI is CONNACK 4"
+    assert twin(hub, "pnp-quic")["modelId"] == OTHER_MODEL
 
 
 class Thermostat:
