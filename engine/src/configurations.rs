@@ -129,11 +129,15 @@ impl Store {
     /// Storage errors.
     pub fn list_configurations(&self) -> Result<Vec<Configuration>, StorageError> {
         let mut out = Vec::new();
-        self.raw
-            .scan_records::<Configuration>(cf::META, PREFIX, keys::prefix_end(PREFIX), |_, c| {
+        self.raw.scan_records::<Configuration>(
+            cf::META,
+            PREFIX,
+            keys::prefix_end(PREFIX),
+            |_, c| {
                 out.push(c);
                 true
-            })?;
+            },
+        )?;
         Ok(out)
     }
 

@@ -31,7 +31,9 @@ fn config(id: &str) -> Configuration {
 fn configurations_are_created_once_updated_by_etag_and_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let store = common::open(dir.path());
-    let created = store.put_configuration(config("c"), None, common::T0).unwrap();
+    let created = store
+        .put_configuration(config("c"), None, common::T0)
+        .unwrap();
     assert_eq!(created.created, common::T0);
     assert!(matches!(
         store.put_configuration(config("c"), None, common::T0),
@@ -54,7 +56,10 @@ fn configurations_are_created_once_updated_by_etag_and_deleted() {
     let updated = store
         .put_configuration(raised, Some(&IfMatch::Etag(created.etag.clone())), later)
         .unwrap();
-    assert_eq!((updated.priority, updated.created, updated.last_updated), (9, common::T0, later));
+    assert_eq!(
+        (updated.priority, updated.created, updated.last_updated),
+        (9, common::T0, later)
+    );
     assert_ne!(updated.etag, created.etag);
     assert_eq!(store.list_configurations().unwrap().len(), 1);
     assert!(store.delete_configuration("c", &stale).is_err());
@@ -108,5 +113,8 @@ fn configured_twins_are_written_only_onto_the_twin_read() {
         .is_none());
     let after = store.get_twin("d", None).unwrap();
     assert!(after.record.configurations.is_empty());
-    assert_eq!((after.record.version, &after.record.etag), (now.record.version, &now.record.etag));
+    assert_eq!(
+        (after.record.version, &after.record.etag),
+        (now.record.version, &now.record.etag)
+    );
 }

@@ -87,7 +87,11 @@ fn lagging_writes_are_written_at_once_and_synced_within_the_bound() {
     }
     // Routed nowhere: the cursor moves past the 40 notifications without a sync.
     let notes = store.read_notifications(0, 100).unwrap();
-    assert_eq!(notes.len(), 41, "the device's creation and 40 connection states");
+    assert_eq!(
+        notes.len(),
+        41,
+        "the device's creation and 40 connection states"
+    );
     let sequences: Vec<u64> = notes.iter().map(|n| n.sequence).collect();
     store
         .append_routed_notifications(Vec::new(), common::at(50), &sequences)

@@ -300,14 +300,30 @@ fn an_index_entry_follows_the_connection_state_queued_before_it() {
             .is_ok());
     }
     let disconnected = store
-        .twin_index_page(false, "connectionState", &Probe::Eq(vec![json!("Disconnected")]), None, 10)
+        .twin_index_page(
+            false,
+            "connectionState",
+            &Probe::Eq(vec![json!("Disconnected")]),
+            None,
+            10,
+        )
         .unwrap()
         .expect("indexed");
-    assert_eq!(disconnected.len(), 1, "the disconnected device is not indexed as such");
+    assert_eq!(
+        disconnected.len(),
+        1,
+        "the disconnected device is not indexed as such"
+    );
     let kept = store.twin_index_keys().unwrap();
-    assert!(store.define_twin_index(vec!["properties.reported.x".into()]).unwrap());
+    assert!(store
+        .define_twin_index(vec!["properties.reported.x".into()])
+        .unwrap());
     assert!(store.define_twin_index(Vec::new()).unwrap());
-    assert_eq!(store.twin_index_keys().unwrap(), kept, "index differs from a rebuild");
+    assert_eq!(
+        store.twin_index_keys().unwrap(),
+        kept,
+        "index differs from a rebuild"
+    );
 }
 
 #[test]

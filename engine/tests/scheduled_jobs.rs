@@ -166,12 +166,20 @@ fn a_twin_job_page_is_one_batch_of_twins_rows_notifications_and_cursor() {
     let before = store.read_notifications(0, 100).unwrap().len();
     let now = UnixMillis(common::T0.0 + 10);
     let page = store
-        .apply_twin_job_batch("tj", &[target("a"), target("gone"), target("c")], &tag_write(), now)
+        .apply_twin_job_batch(
+            "tj",
+            &[target("a"), target("gone"), target("c")],
+            &tag_write(),
+            now,
+        )
         .unwrap();
     assert_eq!(page.outcomes.len(), 2);
     assert_eq!(page.job.cursor.as_ref().unwrap().device_id, "c");
     let stats = page.job.statistics;
-    assert_eq!((stats.device_count, stats.succeeded, stats.failed), (3, 2, 1));
+    assert_eq!(
+        (stats.device_count, stats.succeeded, stats.failed),
+        (3, 2, 1)
+    );
     // Twins patched once each, with one change notification each.
     for d in ["a", "c"] {
         let twin = store.get_twin(d, None).unwrap();
@@ -181,7 +189,10 @@ fn a_twin_job_page_is_one_batch_of_twins_rows_notifications_and_cursor() {
     assert_eq!(store.get_twin("b", None).unwrap().record.tags.len(), 0);
     assert_eq!(store.read_notifications(0, 100).unwrap().len(), before + 2);
     let rows = store.device_job_rows_of("tj").unwrap();
-    let statuses: Vec<_> = rows.iter().map(|r| (r.device_id.as_str(), r.status)).collect();
+    let statuses: Vec<_> = rows
+        .iter()
+        .map(|r| (r.device_id.as_str(), r.status))
+        .collect();
     assert_eq!(
         statuses,
         [
@@ -234,13 +245,20 @@ fn ending_a_job_settles_the_rows_still_waiting() {
     assert_eq!(job.status, ScheduledJobStatus::Completed);
     assert_eq!(job.ended, Some(end));
     assert_eq!(
-        (job.statistics.failed, job.statistics.succeeded, job.statistics.pending),
+        (
+            job.statistics.failed,
+            job.statistics.succeeded,
+            job.statistics.pending
+        ),
         (1, 1, 0)
     );
     let rows = store.device_job_rows_of("mj").unwrap();
     let offline = rows.iter().find(|r| r.device_id == "offline").unwrap();
     assert_eq!(offline.status, DeviceJobStatus::Failed);
-    assert_eq!(offline.error.as_ref().unwrap().0, "JobRunPreconditionFailed");
+    assert_eq!(
+        offline.error.as_ref().unwrap().0,
+        "JobRunPreconditionFailed"
+    );
     assert!(store.waiting_rows("mj").unwrap().is_empty());
     // Finished: a cancel changes nothing.
     let again = store.cancel_scheduled_job("mj", end).unwrap();

@@ -235,25 +235,83 @@ fn a_reported_patch_finds_its_identity_through_the_twin_record() {
     let dir = tempfile::tempdir().unwrap();
     let store = common::open(dir.path());
     let not_found = |r: Result<u64, TwinError>| matches!(r, Err(TwinError::NotFound { .. }));
-    assert!(not_found(store.patch_reported("d", None, &obj(json!({"a": 1})), common::T0)));
-    store.create_device("d", &IdentitySpec::default(), common::T0).unwrap();
-    store.create_module("d", "m", &IdentitySpec::default(), common::T0).unwrap();
+    assert!(not_found(store.patch_reported(
+        "d",
+        None,
+        &obj(json!({"a": 1})),
+        common::T0
+    )));
+    store
+        .create_device("d", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    store
+        .create_module("d", "m", &IdentitySpec::default(), common::T0)
+        .unwrap();
     let first_etag = store.get_twin("d", None).unwrap().record.etag;
-    assert_eq!(store.patch_reported("d", None, &obj(json!({"a": 1})), common::T0).unwrap(), 2);
-    assert_eq!(store.patch_reported("d", None, &obj(json!({"a": 2})), common::T0).unwrap(), 3);
-    assert_eq!(store.patch_reported("d", Some("m"), &obj(json!({"b": 1})), common::T0).unwrap(), 2);
-    store.delete_module("d", "m", &IfMatch::Any, common::T0).unwrap();
-    assert!(not_found(store.patch_reported("d", Some("m"), &obj(json!({"b": 2})), common::T0)));
-    assert_eq!(store.get_twin("d", None).unwrap().record.reported.body.get("a"), Some(&json!(2)));
+    assert_eq!(
+        store
+            .patch_reported("d", None, &obj(json!({"a": 1})), common::T0)
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        store
+            .patch_reported("d", None, &obj(json!({"a": 2})), common::T0)
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        store
+            .patch_reported("d", Some("m"), &obj(json!({"b": 1})), common::T0)
+            .unwrap(),
+        2
+    );
+    store
+        .delete_module("d", "m", &IfMatch::Any, common::T0)
+        .unwrap();
+    assert!(not_found(store.patch_reported(
+        "d",
+        Some("m"),
+        &obj(json!({"b": 2})),
+        common::T0
+    )));
+    assert_eq!(
+        store
+            .get_twin("d", None)
+            .unwrap()
+            .record
+            .reported
+            .body
+            .get("a"),
+        Some(&json!(2))
+    );
     store.delete_device("d", &IfMatch::Any, common::T0).unwrap();
     let before = twin_changes(store.read_notifications(0, 1000).unwrap()).len();
-    assert!(not_found(store.patch_reported("d", None, &obj(json!({"a": 3})), common::T0)));
-    assert_eq!(twin_changes(store.read_notifications(0, 1000).unwrap()).len(), before);
+    assert!(not_found(store.patch_reported(
+        "d",
+        None,
+        &obj(json!({"a": 3})),
+        common::T0
+    )));
+    assert_eq!(
+        twin_changes(store.read_notifications(0, 1000).unwrap()).len(),
+        before
+    );
 
-    store.create_device("d", &IdentitySpec::default(), common::T0).unwrap();
+    store
+        .create_device("d", &IdentitySpec::default(), common::T0)
+        .unwrap();
     let renewed = store.get_twin("d", None).unwrap().record;
-    assert_ne!(renewed.etag, first_etag, "a new generation has its own initial etag");
-    assert_eq!(store.patch_reported("d", None, &obj(json!({"c": 1})), common::T0).unwrap(), 2);
+    assert_ne!(
+        renewed.etag, first_etag,
+        "a new generation has its own initial etag"
+    );
+    assert_eq!(
+        store
+            .patch_reported("d", None, &obj(json!({"c": 1})), common::T0)
+            .unwrap(),
+        2
+    );
     let twin = store.get_twin("d", None).unwrap().record;
     assert_eq!(twin.reported.body.get("a"), None);
     assert_eq!(twin.version, 2);

@@ -5,7 +5,9 @@
 mod common;
 
 use ferrohub_engine::model::{IdentitySpec, IfMatch, UnixMillis};
-use ferrohub_engine::scheduled_jobs::{JobTarget, ScheduledJob, ScheduledJobKind, ScheduledJobStatus};
+use ferrohub_engine::scheduled_jobs::{
+    JobTarget, ScheduledJob, ScheduledJobKind, ScheduledJobStatus,
+};
 use ferrohub_engine::twin::store::TwinWrite;
 use ferrohub_engine::twin_index::Probe;
 use ferrohub_engine::Store;
@@ -51,7 +53,12 @@ fn writers_keep_the_index_equal_to_a_rebuild_and_probes_find_their_twins() {
             .create_device(&id, &IdentitySpec::default(), common::T0)
             .unwrap();
         let plant = ["Lyon", "Recife"][i % 2];
-        tags(&store, &id, None, json!({"plant": plant, "n": i, "meta": {"on": i % 3 == 0}}));
+        tags(
+            &store,
+            &id,
+            None,
+            json!({"plant": plant, "n": i, "meta": {"on": i % 3 == 0}}),
+        );
     }
     store
         .create_module("dev00", "m1", &IdentitySpec::default(), common::T0)
@@ -60,7 +67,12 @@ fn writers_keep_the_index_equal_to_a_rebuild_and_probes_find_their_twins() {
     // Every other kind of writer.
     tags(&store, "dev01", None, json!({"plant": "Lyon", "n": null}));
     store
-        .patch_reported("dev02", None, json!({"temp": 21.5}).as_object().unwrap(), common::T0)
+        .patch_reported(
+            "dev02",
+            None,
+            json!({"temp": 21.5}).as_object().unwrap(),
+            common::T0,
+        )
         .unwrap();
     store
         .record_connection("dev03", None, true, common::T0)
@@ -97,30 +109,96 @@ fn writers_keep_the_index_equal_to_a_rebuild_and_probes_find_their_twins() {
         module_id: None,
     };
     store
-        .apply_twin_job_batch("j", &[target("dev06"), target("dev07")], &job_write, UnixMillis(common::T0.0 + 1))
+        .apply_twin_job_batch(
+            "j",
+            &[target("dev06"), target("dev07")],
+            &job_write,
+            UnixMillis(common::T0.0 + 1),
+        )
         .unwrap();
 
-    assert_eq!(ids(&store, false, "tags.plant", Probe::Eq(vec![json!("Lyon")])).len(), 11);
-    assert_eq!(ids(&store, true, "tags.plant", Probe::Eq(vec![json!("Lyon")])), ["dev00/m1"]);
     assert_eq!(
-        ids(&store, false, "tags.n", Probe::Range { lo: Some((json!(15), false)), hi: None }),
+        ids(&store, false, "tags.plant", Probe::Eq(vec![json!("Lyon")])).len(),
+        11
+    );
+    assert_eq!(
+        ids(&store, true, "tags.plant", Probe::Eq(vec![json!("Lyon")])),
+        ["dev00/m1"]
+    );
+    assert_eq!(
+        ids(
+            &store,
+            false,
+            "tags.n",
+            Probe::Range {
+                lo: Some((json!(15), false)),
+                hi: None
+            }
+        ),
         ["dev16", "dev17", "dev18", "dev19"]
     );
     assert_eq!(
-        ids(&store, false, "tags.n", Probe::Range { lo: Some((json!(2), true)), hi: Some((json!(4), true)) }),
+        ids(
+            &store,
+            false,
+            "tags.n",
+            Probe::Range {
+                lo: Some((json!(2), true)),
+                hi: Some((json!(4), true))
+            }
+        ),
         ["dev02", "dev03", "dev04"]
     );
     // A null in a patch removes the tag, and its entry with it.
     assert!(ids(&store, false, "tags.n", Probe::Eq(vec![json!(null)])).is_empty());
-    assert!(!ids(&store, false, "tags.n", Probe::Range { lo: Some((json!(0), true)), hi: None }).contains(&"dev01".to_string()));
-    assert_eq!(ids(&store, false, "tags.meta.on", Probe::Eq(vec![json!(true)])).len(), 7);
-    assert_eq!(ids(&store, false, "connectionState", Probe::Eq(vec![json!("Connected")])), ["dev03"]);
-    assert_eq!(ids(&store, false, "status", Probe::Eq(vec![json!("disabled")])), ["dev04"]);
-    assert_eq!(ids(&store, false, REPORTED, Probe::Eq(vec![json!(21.5)])), ["dev02"]);
-    assert_eq!(ids(&store, false, "tags.job", Probe::Prefix("do".into())), ["dev06", "dev07"]);
-    assert!(ids(&store, false, "tags.plant", Probe::Eq(vec![json!("Lyon")])).iter().all(|d| d != "dev05"));
+    assert!(!ids(
+        &store,
+        false,
+        "tags.n",
+        Probe::Range {
+            lo: Some((json!(0), true)),
+            hi: None
+        }
+    )
+    .contains(&"dev01".to_string()));
+    assert_eq!(
+        ids(&store, false, "tags.meta.on", Probe::Eq(vec![json!(true)])).len(),
+        7
+    );
+    assert_eq!(
+        ids(
+            &store,
+            false,
+            "connectionState",
+            Probe::Eq(vec![json!("Connected")])
+        ),
+        ["dev03"]
+    );
+    assert_eq!(
+        ids(&store, false, "status", Probe::Eq(vec![json!("disabled")])),
+        ["dev04"]
+    );
+    assert_eq!(
+        ids(&store, false, REPORTED, Probe::Eq(vec![json!(21.5)])),
+        ["dev02"]
+    );
+    assert_eq!(
+        ids(&store, false, "tags.job", Probe::Prefix("do".into())),
+        ["dev06", "dev07"]
+    );
+    assert!(
+        ids(&store, false, "tags.plant", Probe::Eq(vec![json!("Lyon")]))
+            .iter()
+            .all(|d| d != "dev05")
+    );
     assert!(store
-        .twin_index_page(false, "properties.reported.other", &Probe::Eq(vec![json!(1)]), None, 10)
+        .twin_index_page(
+            false,
+            "properties.reported.other",
+            &Probe::Eq(vec![json!(1)]),
+            None,
+            10
+        )
         .unwrap()
         .is_none());
 
@@ -130,7 +208,13 @@ fn writers_keep_the_index_equal_to_a_rebuild_and_probes_find_their_twins() {
         .unwrap()
         .unwrap();
     let next = store
-        .twin_index_page(false, "status", &Probe::Eq(vec![json!("enabled")]), Some(&first[4].0), 100)
+        .twin_index_page(
+            false,
+            "status",
+            &Probe::Eq(vec![json!("enabled")]),
+            Some(&first[4].0),
+            100,
+        )
         .unwrap()
         .unwrap();
     assert_eq!(first.len() + next.len(), 18);

@@ -30,7 +30,11 @@ fn state(store: &Store, device: &str) -> ConnectionState {
 fn queue_full_of_connects(
     dir: &std::path::Path,
     devices: &[&str],
-) -> (Store, ferrohub_engine::CommitHold, mpsc::Receiver<Result<(), ferrohub_engine::StorageError>>) {
+) -> (
+    Store,
+    ferrohub_engine::CommitHold,
+    mpsc::Receiver<Result<(), ferrohub_engine::StorageError>>,
+) {
     let store = Store::open(
         dir,
         StoreConfig {
@@ -208,7 +212,11 @@ fn a_refused_state_leaves_the_queued_state_before_it_visible_and_indexed() {
         )
         .unwrap()
         .expect("indexed");
-    assert_eq!(disconnected.len(), 1, "the disconnected device is not indexed as such");
+    assert_eq!(
+        disconnected.len(),
+        1,
+        "the disconnected device is not indexed as such"
+    );
 }
 
 #[test]
@@ -223,14 +231,19 @@ fn a_reported_patch_is_queued_in_place_unless_the_device_stripe_is_held() {
     let reported_without_waiting = |v: i64| {
         let (tx, rx) = mpsc::channel();
         let queued = store.without_waiting(|s| {
-            s.patch_reported_then("d", None, &patch(v), common::T0, move |r| tx.send(r).unwrap())
-                .is_ok()
+            s.patch_reported_then("d", None, &patch(v), common::T0, move |r| {
+                tx.send(r).unwrap()
+            })
+            .is_ok()
         });
         (queued, rx)
     };
     let (queued, rx) = reported_without_waiting(1);
     assert_eq!(queued, Some(true));
-    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap(), 2);
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap(),
+        2
+    );
 
     // A C2D send holds the device's stripe until its write is durable; the disk is held.
     let hold = store.hold_commits().unwrap();
@@ -246,12 +259,21 @@ fn a_reported_patch_is_queued_in_place_unless_the_device_stripe_is_held() {
         .unwrap();
     let (queued, rx) = reported_without_waiting(2);
     assert_eq!(queued, None, "a held stripe must refuse the patch");
-    assert!(rx.recv_timeout(Duration::from_millis(50)).is_err(), "nothing was queued");
+    assert!(
+        rx.recv_timeout(Duration::from_millis(50)).is_err(),
+        "nothing was queued"
+    );
     drop(hold);
     sent.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
     let twin = store.get_twin("d", None).unwrap();
-    assert_eq!(twin.record.reported.version, 2, "the refused patch changed nothing");
+    assert_eq!(
+        twin.record.reported.version, 2,
+        "the refused patch changed nothing"
+    );
     let (queued, rx) = reported_without_waiting(3);
     assert_eq!(queued, Some(true));
-    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap(), 3);
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap(),
+        3
+    );
 }

@@ -50,7 +50,10 @@ fn run(target: &str, f: fn(&[u8]), input: &[u8], origin: &str) {
         std::fs::create_dir_all(&dir).ok();
         let path = dir.join(format!("{target}-{:016x}", fnv(input)));
         std::fs::write(&path, input).ok();
-        panic!("{target} panicked on {origin}; input saved as {}", path.display());
+        panic!(
+            "{target} panicked on {origin}; input saved as {}",
+            path.display()
+        );
     }
 }
 
@@ -126,7 +129,11 @@ fn smoke(target: &str) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(20_261_123);
     let mut rng = StdRng::seed_from_u64(seed ^ fnv(target.as_bytes()));
-    let corpus: Vec<Vec<u8>> = seeds.into_iter().chain(regressions).map(|(_, b)| b).collect();
+    let corpus: Vec<Vec<u8>> = seeds
+        .into_iter()
+        .chain(regressions)
+        .map(|(_, b)| b)
+        .collect();
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut runs = 0u64;
     while Instant::now() < deadline {
@@ -135,7 +142,10 @@ fn smoke(target: &str) {
         run(target, f, &input, &format!("mutation {runs} (seed {seed})"));
         runs += 1;
     }
-    eprintln!("{target}: {} inputs replayed, {runs} mutations", corpus.len());
+    eprintln!(
+        "{target}: {} inputs replayed, {runs} mutations",
+        corpus.len()
+    );
 }
 
 macro_rules! smoke_tests {

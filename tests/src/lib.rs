@@ -36,7 +36,12 @@ impl TestHub {
             .args(["serve", "--data-dir"])
             .arg(dir.path().join("hub"))
             .args(["--https-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0"])
-            .args(["--amqp-addr", "127.0.0.1:0", "--mqtt-quic-addr", "127.0.0.1:0"])
+            .args([
+                "--amqp-addr",
+                "127.0.0.1:0",
+                "--mqtt-quic-addr",
+                "127.0.0.1:0",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -114,8 +114,16 @@ async fn publish_device(
     let expiry = chrono::Utc::now().timestamp() as u64 + 3600;
     let user = format!("{}/{id}/?api-version=2021-04-12", args.host);
     let pass = sas::sign(&format!("{}/devices/{id}", args.host), &key, expiry, None);
-    let mut conn =
-        client::connect(&tls.into(), &args.host, args.mqtt_port, &id, Some(user), pass, 60).await?;
+    let mut conn = client::connect(
+        &tls.into(),
+        &args.host,
+        args.mqtt_port,
+        &id,
+        Some(user),
+        pass,
+        60,
+    )
+    .await?;
     let topic = format!("devices/{id}/messages/events/");
     let mut inflight: HashMap<u16, usize> = HashMap::new();
     let (mut sent, mut acked) = (0, 0);

@@ -40,10 +40,12 @@ impl Store {
         let _guard = self.stripes.lock(device_id);
         let mut txn = Txn::new(self);
         let current = match module_id {
-            Some(m) => txn.module(device_id, m)?.ok_or_else(|| RegistryError::ModuleNotFound {
-                device_id: device_id.to_string(),
-                module_id: m.to_string(),
-            })?,
+            Some(m) => txn
+                .module(device_id, m)?
+                .ok_or_else(|| RegistryError::ModuleNotFound {
+                    device_id: device_id.to_string(),
+                    module_id: m.to_string(),
+                })?,
             None => txn
                 .device(device_id)?
                 .ok_or_else(|| RegistryError::DeviceNotFound(device_id.to_string()))?,

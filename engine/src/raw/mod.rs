@@ -20,9 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ferrohub_migrations::{cf, m0002_registry_counters::DeviceCounters, record};
-use rocksdb::{
-    ColumnFamilyDescriptor, Direction, IteratorMode, MergeOperands, Options, DB,
-};
+use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, MergeOperands, Options, DB};
 use serde::de::DeserializeOwned;
 
 pub use commit::CommitCallback;

@@ -12,8 +12,8 @@
 use ferrohub_migrations::cf;
 
 use super::{
-    job_key, row_key, DeviceJobRow, DeviceJobStatus, JobCursor, ScheduledJob,
-    ScheduledJobError, ScheduledJobKind, ScheduledJobStatus,
+    job_key, row_key, DeviceJobRow, DeviceJobStatus, JobCursor, ScheduledJob, ScheduledJobError,
+    ScheduledJobKind, ScheduledJobStatus,
 };
 use crate::error::{StorageError, TwinError};
 use crate::model::UnixMillis;
@@ -86,7 +86,10 @@ impl Store {
         for t in targets {
             let mut row = new_row(&job, t, now);
             let staged = match self.find_identity(&t.device_id, t.module_id.as_deref())? {
-                None => Err(("DeviceNotFound", "The device was deleted before the job reached it.".to_string())),
+                None => Err((
+                    "DeviceNotFound",
+                    "The device was deleted before the job reached it.".to_string(),
+                )),
                 Some(identity) => match self.stage_twin_patch(identity, write, now, &mut batch) {
                     Ok(done) => Ok(done),
                     Err(TwinError::Storage(e)) => return Err(e.into()),

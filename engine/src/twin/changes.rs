@@ -80,7 +80,11 @@ impl Store {
 
     /// The digital twin view a write of `record` starts from, when the write is to record its
     /// digital twin change: the twin has a model id and changes are being recorded.
-    pub(crate) fn digital_view_before(&self, dt_id: &str, record: &TwinRecord) -> Option<Map<String, Value>> {
+    pub(crate) fn digital_view_before(
+        &self,
+        dt_id: &str,
+        record: &TwinRecord,
+    ) -> Option<Map<String, Value>> {
         if !self
             .digital_twin_changes
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -109,7 +113,10 @@ pub(crate) fn digital_twin_change(
 ) -> Option<PendingNotification> {
     let before = before?;
     let model = after.model_id.as_deref()?;
-    let patch = pnp::diff::diff(&before, &pnp::view(device_id, Some(model), after, &stored_time));
+    let patch = pnp::diff::diff(
+        &before,
+        &pnp::view(device_id, Some(model), after, &stored_time),
+    );
     if patch.is_empty() {
         return None;
     }

@@ -63,8 +63,13 @@ impl Store {
         };
         write.check_patch()?;
         let mut batch = Batch::default();
-        let (notes, outcome) =
-            self.stage_twin(identity, if_match, service_change(&write, true), now, &mut batch)?;
+        let (notes, outcome) = self.stage_twin(
+            identity,
+            if_match,
+            service_change(&write, true),
+            now,
+            &mut batch,
+        )?;
         self.commit_with_notifications(batch, notes)?;
         Ok(outcome)
     }

@@ -5,10 +5,10 @@
 //! one way: `store` → `changes` / `pnp` → `record` → `document`.
 
 pub mod changes;
-pub mod document;
+pub mod configured;
 mod digital;
+pub mod document;
 pub mod limits;
 pub mod pnp;
 pub mod record;
-pub mod configured;
 pub mod store;

@@ -14,8 +14,8 @@
 //! - Container URIs are logged only through [`redact`], never with their signature.
 
 mod account;
-mod sas;
 mod container;
+mod sas;
 
 pub use account::{encode_blob_path, StorageAccount, UploadGrant};
 pub use container::{BlobContainer, BlobLines, BlobWriter};

@@ -112,8 +112,11 @@ impl Registration {
     /// engine makes it under the device's lock, so a newer connection that registered first
     /// is seen (see `Store::record_disconnection_then`).
     pub fn current_check(&self) -> impl Fn() -> bool + Clone + Send + Sync + 'static {
-        let (connections, client_id, id) =
-            (Arc::clone(&self.connections), self.client_id.clone(), self.id);
+        let (connections, client_id, id) = (
+            Arc::clone(&self.connections),
+            self.client_id.clone(),
+            self.id,
+        );
         move || connections.holds(&client_id, id)
     }
 }

@@ -214,7 +214,9 @@ impl StoreHandle {
             Err(_) => {
                 answer(
                     reply,
-                    Err(E::from(StorageError::Backend("engine call panicked".into()))),
+                    Err(E::from(StorageError::Backend(
+                        "engine call panicked".into(),
+                    ))),
                 );
                 false
             }

@@ -90,7 +90,11 @@ pub fn model_id_of(username: Option<&str>) -> Result<Option<String>, Refusal> {
     let Some((_, query)) = username.and_then(|u| u.split_once('?')) else {
         return Ok(None);
     };
-    let decode = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
     let Some(raw) = query
         .split('&')
         .filter_map(|pair| pair.split_once('='))
@@ -154,7 +158,8 @@ mod tests {
 
     #[test]
     fn model_ids_from_either_sdk_and_malformed_ones() {
-        let python = "h/d/?api-version=2020-09-30&DeviceClientType=x&model-id=dtmi%3Acom%3Aexample%3AT%3B1";
+        let python =
+            "h/d/?api-version=2020-09-30&DeviceClientType=x&model-id=dtmi%3Acom%3Aexample%3AT%3B1";
         let node = "h/d/?api-version=2021-04-12&model-id=dtmi:com:example:T;1&DeviceClientType=y";
         for u in [python, node] {
             assert_eq!(
@@ -162,10 +167,18 @@ mod tests {
                 Some("dtmi:com:example:T;1")
             );
         }
-        assert_eq!(model_id_of(Some("h/d/?api-version=2019-10-01")).unwrap(), None);
+        assert_eq!(
+            model_id_of(Some("h/d/?api-version=2019-10-01")).unwrap(),
+            None
+        );
         assert_eq!(model_id_of(Some("h/d/")).unwrap(), None);
         assert_eq!(model_id_of(None).unwrap(), None);
-        for bad in ["dtmi%3Acom%3AT", "com:example:T;1", "dtmi:com:example:T;0", ""] {
+        for bad in [
+            "dtmi%3Acom%3AT",
+            "com:example:T;1",
+            "dtmi:com:example:T;0",
+            "",
+        ] {
             let u = format!("h/d/?api-version=2020-09-30&model-id={bad}");
             assert!(
                 matches!(model_id_of(Some(&u)), Err(Refusal::BadCredentials(_))),

@@ -86,7 +86,8 @@ async fn patch_handler(
         .run(move |s| s.patch_digital_twin(&device, None, &body, &cond, now))
         .await?;
     ctx.push_desired(&outcome);
-    let mut response = warp::reply::with_status(warp::reply(), StatusCode::ACCEPTED).into_response();
+    let mut response =
+        warp::reply::with_status(warp::reply(), StatusCode::ACCEPTED).into_response();
     let headers = response.headers_mut();
     if let Ok(v) = format!("\"{}\"", outcome.twin.record.etag).parse() {
         headers.insert("etag", v);
@@ -105,9 +106,11 @@ async fn patch_handler(
 fn timeout(query: &str, name: &str) -> Result<Option<u64>, ApiError> {
     url_query_param(query, name)
         .map(|v| {
-            v.trim()
-                .parse::<u64>()
-                .map_err(|_| ApiError::argument(format!("{name} must be a whole number of seconds, not {v:?}")))
+            v.trim().parse::<u64>().map_err(|_| {
+                ApiError::argument(format!(
+                    "{name} must be a whole number of seconds, not {v:?}"
+                ))
+            })
         })
         .transpose()
 }
@@ -122,7 +125,11 @@ async fn command_handler(
     p.require_hub(Permission::ServiceConnect)?;
     let response_timeout = timeout(&query, "responseTimeoutInSeconds")?;
     let connect_timeout = timeout(&query, "connectTimeoutInSeconds")?;
-    if component.as_ref().is_some_and(|c| c.0.is_empty() || c.0.contains('*')) || command.0.contains('*') {
+    if component
+        .as_ref()
+        .is_some_and(|c| c.0.is_empty() || c.0.contains('*'))
+        || command.0.contains('*')
+    {
         return Err(ApiError::argument(
             "component and command names may not be empty or hold '*'",
         ));

@@ -158,10 +158,12 @@ async fn invoke(
     p.require_hub(Permission::ServiceConnect)?;
     let timeouts = (c.response_timeout_in_seconds, c.connect_timeout_in_seconds);
     let target = (device.0, module.map(|m| m.0));
-    Ok(match call(&ctx, target, c.method_name, &c.payload, timeouts).await? {
-        Called::Answered { status, payload } => {
-            json(&serde_json::json!({ "status": status, "payload": payload }))
-        }
-        Called::Failed(response) => response,
-    })
+    Ok(
+        match call(&ctx, target, c.method_name, &c.payload, timeouts).await? {
+            Called::Answered { status, payload } => {
+                json(&serde_json::json!({ "status": status, "payload": payload }))
+            }
+            Called::Failed(response) => response,
+        },
+    )
 }

@@ -164,9 +164,8 @@ fn classify(method: &warp::http::Method, path: &str) -> Option<Operation> {
         ["twins", _, "methods"] | ["twins", _, "modules", _, "methods"] => Some(Operation::Method),
         ["twins", ..] if method == Method::GET => Some(Operation::TwinRead),
         ["twins", ..] => Some(Operation::TwinUpdate),
-        ["digitaltwins", _, "commands", _] | ["digitaltwins", _, "components", _, "commands", _] => {
-            Some(Operation::Method)
-        }
+        ["digitaltwins", _, "commands", _]
+        | ["digitaltwins", _, "components", _, "commands", _] => Some(Operation::Method),
         ["digitaltwins", ..] if method == Method::GET => Some(Operation::TwinRead),
         ["digitaltwins", ..] => Some(Operation::TwinUpdate),
         ["jobs", "v2", "query"] => Some(Operation::Query),

@@ -24,10 +24,9 @@ fn source_names(source: EventSource) -> (&'static str, &'static str) {
             "deviceConnectionStateEvents",
             "deviceConnectionStateNotification",
         ),
-        EventSource::DigitalTwinChangeEvents => (
-            "digitalTwinChangeEvents",
-            "digitalTwinChangeNotification",
-        ),
+        EventSource::DigitalTwinChangeEvents => {
+            ("digitalTwinChangeEvents", "digitalTwinChangeNotification")
+        }
         EventSource::DeviceMessages => ("Telemetry", ""),
     }
 }
@@ -57,7 +56,11 @@ fn format_patch_times(ops: &mut [Value]) {
         }
     }
     for op in ops.iter_mut() {
-        let path = op.get("path").and_then(Value::as_str).unwrap_or_default().to_string();
+        let path = op
+            .get("path")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         let steps: Vec<&str> = path.split('/').skip(1).collect();
         let Some(value) = op.get_mut("value") else {
             continue;
@@ -232,19 +235,34 @@ mod tests {
                 .find(|(n, _)| n == k)
                 .map(|(_, v)| v.clone())
         };
-        assert_eq!(system("content-type").as_deref(), Some("application/json-patch+json"));
+        assert_eq!(
+            system("content-type").as_deref(),
+            Some("application/json-patch+json")
+        );
         assert_eq!(system("content-encoding").as_deref(), Some("utf-8"));
-        assert_eq!(system("iothub-message-source").as_deref(), Some("digitalTwinChangeEvents"));
-        assert_eq!(app("iothub-message-schema").as_deref(), Some("digitalTwinChangeNotification"));
+        assert_eq!(
+            system("iothub-message-source").as_deref(),
+            Some("digitalTwinChangeEvents")
+        );
+        assert_eq!(
+            app("iothub-message-schema").as_deref(),
+            Some("digitalTwinChangeNotification")
+        );
         assert_eq!(app("opType").as_deref(), Some("updateTwin"));
-        assert_eq!(app("dt-dataschema").as_deref(), Some("dtmi:com:example:T;1"));
+        assert_eq!(
+            app("dt-dataschema").as_deref(),
+            Some("dtmi:com:example:T;1")
+        );
         assert_eq!(app("hubName").as_deref(), Some("hub"));
         let ops: Value = serde_json::from_slice(&e.body).unwrap();
         let zero = "1970-01-01T00:00:00.0000000Z";
         assert_eq!(ops[0]["value"]["lastUpdateTime"], zero);
         assert_eq!(ops[1]["value"], zero);
         assert_eq!(ops[2]["value"], 21);
-        assert_eq!(ops[3]["value"]["lastUpdateTime"], "20240115", "a device's value is its own");
+        assert_eq!(
+            ops[3]["value"]["lastUpdateTime"], "20240115",
+            "a device's value is its own"
+        );
         assert_eq!(ops[4]["value"]["$metadata"]["x"]["lastUpdateTime"], zero);
         assert_eq!(ops[5]["value"], "0");
     }

@@ -111,7 +111,13 @@ pub fn view(
         reported: Some(&record.reported.body),
         reported_meta: Some(&record.reported.metadata),
     };
-    root.render(&components, desired_version, fmt_time, &mut out, &mut root_meta);
+    root.render(
+        &components,
+        desired_version,
+        fmt_time,
+        &mut out,
+        &mut root_meta,
+    );
     for name in &components {
         let level = Level {
             desired: record.desired.body.get(name).and_then(Value::as_object),
@@ -257,8 +263,10 @@ mod tests {
 
     fn record(desired: Value, reported: Value) -> TwinRecord {
         let mut r = TwinRecord::empty(UnixMillis(1));
-        r.desired.patch(desired.as_object().unwrap(), UnixMillis(10));
-        r.reported.patch(reported.as_object().unwrap(), UnixMillis(20));
+        r.desired
+            .patch(desired.as_object().unwrap(), UnixMillis(10));
+        r.reported
+            .patch(reported.as_object().unwrap(), UnixMillis(20));
         r
     }
 

@@ -48,7 +48,10 @@ struct Operation<'a> {
 ///
 /// # Errors
 /// [`ValidationError`] naming the first operation that is not acceptable.
-pub fn desired_patch(patch: &Value, record: &TwinRecord) -> Result<Map<String, Value>, ValidationError> {
+pub fn desired_patch(
+    patch: &Value,
+    record: &TwinRecord,
+) -> Result<Map<String, Value>, ValidationError> {
     let operations = check(patch)?;
     let components = component_names(record);
     let desired = &record.desired.body;
@@ -61,8 +64,7 @@ pub fn desired_patch(patch: &Value, record: &TwinRecord) -> Result<Map<String, V
             op.value.cloned().unwrap_or(Value::Null)
         };
         let whole_component = op.segments.len() == 1
-            && (components.contains(first)
-                || value.get("$metadata").is_some_and(Value::is_object));
+            && (components.contains(first) || value.get("$metadata").is_some_and(Value::is_object));
         if whole_component {
             out.insert(first.clone(), component_value(first, value, record)?);
             continue;
@@ -104,7 +106,10 @@ pub fn desired_patch(patch: &Value, record: &TwinRecord) -> Result<Map<String, V
 }
 
 /// The stored desired value at `path`, or `Err` when the path runs through an array.
-fn current_at<'a>(desired: &'a Map<String, Value>, path: &[String]) -> Result<Option<&'a Value>, ()> {
+fn current_at<'a>(
+    desired: &'a Map<String, Value>,
+    path: &[String],
+) -> Result<Option<&'a Value>, ()> {
     let mut node = match desired.get(&path[0]) {
         Some(v) => v,
         None => return Ok(None),
@@ -158,7 +163,11 @@ fn remove_path(target: &mut Map<String, Value>, segments: &[String]) {
 
 /// The desired object of a component set whole: the given properties, and `null` for the
 /// component's other desired properties. `null` (a removal) clears the component.
-fn component_value(name: &str, value: Value, record: &TwinRecord) -> Result<Value, ValidationError> {
+fn component_value(
+    name: &str,
+    value: Value,
+    record: &TwinRecord,
+) -> Result<Value, ValidationError> {
     let mut given = match value {
         Value::Null => return Ok(Value::Null),
         Value::Object(given) => given,
@@ -177,7 +186,9 @@ fn component_value(name: &str, value: Value, record: &TwinRecord) -> Result<Valu
         }
     }
     if let Some(bad) = given.keys().find(|k| k.starts_with('$')) {
-        return Err(invalid(format!("{bad:?} in component {name:?} is not a property")));
+        return Err(invalid(format!(
+            "{bad:?} in component {name:?} is not a property"
+        )));
     }
     if let Some(Value::Object(current)) = record.desired.body.get(name) {
         for key in current.keys().filter(|k| k.as_str() != COMPONENT_MARKER) {
@@ -299,7 +310,9 @@ mod tests {
             UnixMillis(2),
         );
         r.reported.patch(
-            json!({"thermostat2": {"__t": "c", "maxTemp": 30}}).as_object().unwrap(),
+            json!({"thermostat2": {"__t": "c", "maxTemp": 30}})
+                .as_object()
+                .unwrap(),
             UnixMillis(3),
         );
         r
@@ -342,7 +355,8 @@ mod tests {
             json!({"thermostat1": {"__t": "c", "targetTemperature": 22, "mode": null},
                    "thermostat3": {"__t": "c", "x": 1}})
         );
-        let removed = desired_patch(&json!([{"op": "remove", "path": "/thermostat1"}]), &twin()).unwrap();
+        let removed =
+            desired_patch(&json!([{"op": "remove", "path": "/thermostat1"}]), &twin()).unwrap();
         assert_eq!(Value::Object(removed), json!({"thermostat1": null}));
     }
 
@@ -387,7 +401,11 @@ mod tests {
         let op = json!([{"op": "add", "path": deep, "value": 1}]);
         assert!(desired_patch(&op, &twin()).is_err());
         let ok_depth = format!("/{}", vec!["a"; MAX_SEGMENTS].join("/"));
-        assert!(desired_patch(&json!([{"op": "add", "path": ok_depth, "value": 1}]), &twin()).is_ok());
+        assert!(desired_patch(
+            &json!([{"op": "add", "path": ok_depth, "value": 1}]),
+            &twin()
+        )
+        .is_ok());
         let many: Vec<Value> = (0..=MAX_OPERATIONS)
             .map(|i| json!({"op": "add", "path": format!("/p{i}"), "value": i}))
             .collect();

@@ -251,8 +251,7 @@ fn restore_inner(v: &Value) -> Result<IdentityRecords, String> {
             })
             .unwrap_or_default(),
         managed_by: opt_str(v, "managedBy"),
-        model_id: opt_str(v, "modelId")
-            .filter(|m| ferrohub_engine::twin::pnp::is_valid_dtmi(m)),
+        model_id: opt_str(v, "modelId").filter(|m| ferrohub_engine::twin::pnp::is_valid_dtmi(m)),
     };
     let properties = v.get("properties");
     let twin = TwinRecord {
