@@ -114,8 +114,8 @@ pub(crate) fn digital_twin_change(
     let before = before?;
     let model = after.model_id.as_deref()?;
     let patch = pnp::diff::diff(
-        &before,
-        &pnp::view(device_id, Some(model), after, &stored_time),
+        before,
+        pnp::view(device_id, Some(model), after, &stored_time),
     );
     if patch.is_empty() {
         return None;

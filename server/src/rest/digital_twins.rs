@@ -23,7 +23,7 @@ use warp::{Filter, Reply};
 
 use super::error::ApiError;
 use super::methods::{call, Called};
-use super::reply::{json, json_with_etag, one_of, Handled, Response};
+use super::reply::{json, json_with_etag, one_of, set_etag, Handled, Response};
 use super::{caller, if_match, json_body, url_query_param, Context, PathId, MAX_BODY_BYTES};
 use crate::auth::{Permission, Principal};
 use crate::hub::twin_rows::format_time;
@@ -88,16 +88,13 @@ async fn patch_handler(
     ctx.push_desired(&outcome);
     let mut response =
         warp::reply::with_status(warp::reply(), StatusCode::ACCEPTED).into_response();
-    let headers = response.headers_mut();
-    if let Ok(v) = format!("\"{}\"", outcome.twin.record.etag).parse() {
-        headers.insert("etag", v);
-    }
+    set_etag(&mut response, &outcome.twin.record.etag);
     let location = format!(
         "/digitaltwins/{}",
         percent_encoding::utf8_percent_encode(&id.0, percent_encoding::NON_ALPHANUMERIC)
     );
     if let Ok(v) = location.parse() {
-        headers.insert("location", v);
+        response.headers_mut().insert("location", v);
     }
     Ok(response)
 }

@@ -58,10 +58,15 @@ pub fn json_with_status<T: Serialize>(value: &T, status: StatusCode) -> Response
 /// `value` as JSON, 200, with the resource's etag in `ETag`.
 pub fn json_with_etag<T: Serialize>(value: &T, etag: &str) -> Response {
     let mut response = json(value);
+    set_etag(&mut response, etag);
+    response
+}
+
+/// Puts `etag` in the response's `ETag` header, quoted.
+pub fn set_etag(response: &mut Response, etag: &str) {
     if let Ok(v) = format!("\"{etag}\"").parse() {
         response.headers_mut().insert("etag", v);
     }
-    response
 }
 
 /// 204 with no body: done, nothing to say.

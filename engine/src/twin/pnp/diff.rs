@@ -3,49 +3,27 @@
 //!
 //! # Invariants
 //! - Applying the result to `before` gives `after`: members only in `before` are removed,
-//!   members only in `after` are added, objects on both sides are compared member by member,
-//!   and any other difference replaces the value.
+//!   members only in `after` are added, objects and arrays on both sides are compared part by
+//!   part, and any other difference replaces the value.
 //! - Paths are JSON Pointers (RFC 6901): `~` is written `~0` and `/` is written `~1`.
+//! - The diff itself is the `json-patch` crate's; this module fixes its input and output shape.
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
-/// The operations from `before` to `after`, in member order (removals of a level first).
-pub fn diff(before: &Map<String, Value>, after: &Map<String, Value>) -> Vec<Value> {
-    let mut ops = Vec::new();
-    diff_level("", before, after, &mut ops);
-    ops
-}
-
-fn diff_level(
-    path: &str,
-    before: &Map<String, Value>,
-    after: &Map<String, Value>,
-    ops: &mut Vec<Value>,
-) {
-    for key in before.keys().filter(|k| !after.contains_key(*k)) {
-        ops.push(json!({"op": "remove", "path": pointer(path, key)}));
+/// The operations from `before` to `after` (json-patch's diff: objects compared member by
+/// member, arrays element by element, anything else replaced), as JSON values.
+pub fn diff(before: Map<String, Value>, after: Map<String, Value>) -> Vec<Value> {
+    let patch = json_patch::diff(&Value::Object(before), &Value::Object(after));
+    match serde_json::to_value(patch) {
+        Ok(Value::Array(ops)) => ops,
+        _ => Vec::new(),
     }
-    for (key, new) in after {
-        let at = pointer(path, key);
-        match (before.get(key), new) {
-            (None, _) => ops.push(json!({"op": "add", "path": at, "value": new})),
-            (Some(Value::Object(old)), Value::Object(new)) => diff_level(&at, old, new, ops),
-            (Some(old), _) if old != new => {
-                ops.push(json!({"op": "replace", "path": at, "value": new}));
-            }
-            _ => {}
-        }
-    }
-}
-
-/// `path` extended by one member name, escaped as JSON Pointer requires.
-pub fn pointer(path: &str, key: &str) -> String {
-    format!("{path}/{}", key.replace('~', "~0").replace('/', "~1"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn apply(doc: &mut Value, ops: &[Value]) {
         for op in ops {
@@ -80,13 +58,17 @@ mod tests {
             "c": {"x": 1, "y": 2, "$metadata": {"x": {"lastUpdateTime": "1"}, "y": {"lastUpdateTime": "5"}}},
             "$metadata": {"$model": "dtmi:a;1", "a": {"lastUpdateTime": "5"}},
         });
-        let ops = diff(before.as_object().unwrap(), after.as_object().unwrap());
+        let ops = diff(
+            before.as_object().unwrap().clone(),
+            after.as_object().unwrap().clone(),
+        );
         let mut doc = before.clone();
         apply(&mut doc, &ops);
         assert_eq!(doc, after);
         assert!(ops.contains(&json!({"op": "replace", "path": "/odd~1~0name", "value": 2})));
         assert!(ops.contains(&json!({"op": "remove", "path": "/gone"})));
         assert!(ops.contains(&json!({"op": "add", "path": "/c/y", "value": 2})));
-        assert!(diff(after.as_object().unwrap(), after.as_object().unwrap()).is_empty());
+        let same = after.as_object().unwrap().clone();
+        assert!(diff(same.clone(), same).is_empty());
     }
 }
