@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 ensure_build_deps
 ensure_python_env
 ensure_node_env
+# Cluster mode's suites: a pinned nats-server and HAProxy in front (scripts/run-cluster.sh).
+ensure_nats
+ensure_apt haproxy curl
 
 # One cargo invocation shape everywhere (workspace, all targets): a different package or target
 # selection changes feature unification and would rebuild RocksDB's C++ from scratch.

@@ -52,6 +52,7 @@ mod keys;
 pub mod model;
 pub mod notifications;
 mod raw;
+pub mod replica;
 pub mod routing;
 pub mod scheduled_jobs;
 pub mod sessions;
@@ -67,7 +68,8 @@ use parking_lot::Mutex;
 pub use error::{HubError, OpenError, RegistryError, StorageError, TwinError, ValidationError};
 pub use ferrohub_migrations::LATEST_VERSION as SCHEMA_VERSION;
 pub use model::UnixMillis;
-pub use raw::{CommitHold, CommitStats, Durability, LAG_NAP, LAG_SYNC_WITHIN};
+pub use raw::{CommitHold, CommitLog, CommitStats, Durability, LogError, LAG_NAP, LAG_SYNC_WITHIN};
+pub use replica::Replica;
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy)]
@@ -199,7 +201,36 @@ impl Store {
         config: StoreConfig,
         version: u32,
     ) -> Result<Store, OpenError> {
-        let raw = raw::Raw::open(path, config.durability, config.commit_queue_depth, version)?;
+        Self::open_with_log(path, config, version, None)
+    }
+
+    /// Opens the store of a cluster's writer: every commit group is appended to `log`, and
+    /// acknowledged by it, before it is written here (docs/cluster.md). The database must have
+    /// applied the log up to its end, as a [`Replica`]; `log` is told where that is.
+    ///
+    /// # Errors
+    /// As [`Store::open`].
+    pub fn open_replicated(
+        path: &Path,
+        config: StoreConfig,
+        log: std::sync::Arc<dyn CommitLog>,
+    ) -> Result<Store, OpenError> {
+        Self::open_with_log(path, config, SCHEMA_VERSION, Some(log))
+    }
+
+    fn open_with_log(
+        path: &Path,
+        config: StoreConfig,
+        version: u32,
+        log: Option<std::sync::Arc<dyn CommitLog>>,
+    ) -> Result<Store, OpenError> {
+        let raw = raw::Raw::open(
+            path,
+            config.durability,
+            config.commit_queue_depth,
+            version,
+            log,
+        )?;
         // Before version 3 there are no D2C partitions (and no column family to record them).
         let partition_count = if version >= 3 {
             builtin_partition_count(&raw, config.d2c_partitions)?
@@ -260,6 +291,14 @@ impl Store {
             store.open_twin_index()?;
         }
         Ok(store)
+    }
+
+    /// The last cluster commit log sequence this database holds (0: none, or not a cluster's).
+    ///
+    /// # Errors
+    /// [`StorageError`] when the record cannot be read.
+    pub fn applied_log_sequence(&self) -> Result<u64, StorageError> {
+        self.raw.applied_log_sequence()
     }
 
     /// How many batches may wait for the committer before a submit blocks its thread. Async

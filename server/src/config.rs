@@ -451,6 +451,73 @@ impl Default for ThrottlingSection {
     }
 }
 
+/// Cluster mode (docs/cluster.md): with NATS URLs the node joins a cluster whose hub lives in
+/// a replicated JetStream log; without (the default) it is a single node.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSection {
+    /// NATS servers of the cluster's JetStream (any subset; the client finds the rest).
+    pub nats: Vec<String>,
+    /// This node's name, unique in the cluster (it names the writer lease's holder).
+    pub node: String,
+    /// Replicas of the commit log and the lease: 3 tolerates the loss of one NATS server.
+    pub replicas: usize,
+    /// How long a writer's lease lasts unrenewed: the bound on failover after a writer dies.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// Names and addresses the shared server certificate covers besides the host name
+    /// (each node's address, so a client may also connect to a node directly).
+    pub certificate_names: Vec<String>,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            nats: Vec::new(),
+            node: String::new(),
+            replicas: 3,
+            lease: Duration::from_secs(3),
+            certificate_names: Vec::new(),
+        }
+    }
+}
+
+impl ClusterSection {
+    pub fn enabled(&self) -> bool {
+        !self.nats.is_empty()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        if self.node.is_empty()
+            || !self
+                .node
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(ConfigError::Invalid {
+                key: "cluster.node",
+                reason: "a cluster node needs a name of letters, digits, '-' and '_'".into(),
+            });
+        }
+        if !(1..=5).contains(&self.replicas) {
+            return Err(ConfigError::Invalid {
+                key: "cluster.replicas",
+                reason: "must be 1 to 5 (JetStream's limit)".into(),
+            });
+        }
+        if self.lease < Duration::from_secs(1) {
+            return Err(ConfigError::Invalid {
+                key: "cluster.lease",
+                reason: "must be at least 1s".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -466,6 +533,7 @@ pub struct Config {
     pub throttling: ThrottlingSection,
     pub query: QuerySection,
     pub timeouts: TimeoutsSection,
+    pub cluster: ClusterSection,
 }
 
 impl Config {
@@ -531,6 +599,7 @@ impl Config {
                 ),
             });
         }
+        self.cluster.validate()?;
         self.timeouts.validate()
     }
 }

@@ -32,6 +32,8 @@
 //! - [`auth`]: SAS tokens, scopes and permissions.
 //! - [`blob`]: blob containers (local directories, Azure Blob Storage) and the upload account.
 //! - [`hub`]: shared hub state, the authenticator and the async seam to the engine.
+//! - [`cluster`]: cluster mode's NATS JetStream link: the commit log, the writer lease, the
+//!   replica's apply loop and the shared TLS material.
 //!
 //! # What it is not
 //! This crate never touches RocksDB: all state goes through `ferrohub_engine::Store`, reached
@@ -42,6 +44,7 @@ pub mod auth;
 pub mod blob;
 pub mod c2d_message;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod error_codes;
 pub mod fuzz;

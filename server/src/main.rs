@@ -88,6 +88,13 @@ struct ServeArgs {
     /// Skip the per-commit sync (development only; a crash may lose acknowledged writes).
     #[arg(long)]
     relaxed_durability: bool,
+    /// Join a cluster through these NATS servers (repeat the flag, or separate by commas);
+    /// sets `[cluster] nats`.
+    #[arg(long, value_name = "URL", value_delimiter = ',')]
+    nats: Vec<String>,
+    /// This node's name in the cluster (`[cluster] node`).
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -225,6 +232,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         amqp_addr,
         metrics_addr,
         relaxed_durability: relaxed,
+        nats,
+        node_name,
     } = args;
     let mut config = match &config_file {
         Some(p) => Config::load(p)?,
@@ -253,6 +262,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if relaxed {
         config.storage.durability = DurabilitySetting::Relaxed;
+    }
+    if !nats.is_empty() {
+        config.cluster.nats = nats;
+    }
+    if let Some(n) = node_name {
+        config.cluster.node = n;
     }
     // The runtime's size comes from the configuration, so check it first (tokio panics on 0).
     config.validate()?;

@@ -278,13 +278,17 @@ fn local(l: &TcpListener) -> Result<SocketAddr, NodeError> {
 /// least: a drain that ends sooner waits out the rest.
 const READINESS_LINGER: Duration = Duration::from_millis(500);
 
-/// Runs the node until `shutdown` is cancelled, then drains and closes the store.
+/// Runs the node until `shutdown` is cancelled, then drains and closes the store. With a
+/// `[cluster]` section the node joins the cluster instead (see [`serve_cluster`]).
 pub async fn serve(
     data_dir: &Path,
     config: Config,
     shutdown: CancellationToken,
 ) -> Result<(), NodeError> {
     config.validate()?;
+    if config.cluster.enabled() {
+        return serve_cluster(data_dir, config, shutdown).await;
+    }
     let clock = Clock::system();
     let (store, hub, first_start) = {
         let (dir, config, clock) = (data_dir.to_path_buf(), config.clone(), clock.clone());
@@ -292,6 +296,140 @@ pub async fn serve(
             .await
             .map_err(|e| NodeError::Other(e.to_string()))??
     };
+    let opened = Opened {
+        store,
+        hub,
+        first_start,
+        clock,
+        recovery: true,
+    };
+    serve_store(data_dir, &config, opened, shutdown).await
+}
+
+/// A store ready to serve.
+struct Opened {
+    store: Arc<Store>,
+    hub: HubSettings,
+    first_start: bool,
+    clock: Clock,
+    /// Whether the storage recovery task may reopen the store after a failed write (a single
+    /// node; a cluster's writer steps down instead).
+    recovery: bool,
+}
+
+/// A cluster node: follow the commit log until this node holds the writer lease, serve as the
+/// writer until it must step down (or `shutdown`), and follow again. Clients reach only the
+/// writer (a follower opens no client listener; the load balancer in front checks
+/// `/health/ready`). See docs/cluster.md.
+async fn serve_cluster(
+    data_dir: &Path,
+    config: Config,
+    shutdown: CancellationToken,
+) -> Result<(), NodeError> {
+    use crate::cluster::{follow, log::JetStreamLog, tls_share, writer, ClusterError, Link};
+    let fatal = |e: ClusterError| NodeError::Other(format!("cluster: {e}"));
+    let Some(link) = Link::connect(&config.cluster, &shutdown)
+        .await
+        .map_err(fatal)?
+    else {
+        return Ok(());
+    };
+    tls_share::ensure(
+        &link,
+        &TlsPaths::new(data_dir),
+        &config.hub.name,
+        &config.hub.host_name,
+    )
+    .await
+    .map_err(fatal)?;
+    let pause = || async {
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    };
+    let db = db_path(data_dir);
+    loop {
+        let promotion = match follow::follow_until_writer(&link, &db, &shutdown).await {
+            Ok(Some(p)) => p,
+            Ok(None) => return Ok(()),
+            Err(e @ ClusterError::Replica(_)) => return Err(fatal(e)),
+            Err(e) => {
+                tracing::warn!(error = %e, "following the commit log failed; following again");
+                pause().await;
+                continue;
+            }
+        };
+        let log = Arc::new(JetStreamLog::new(
+            link.js.clone(),
+            tokio::runtime::Handle::current(),
+            promotion.caught_up_to,
+        ));
+        let clock = Clock::system();
+        let opened = {
+            let (db, config, clock, log) = (db.clone(), config.clone(), clock.clone(), log.clone());
+            tokio::task::spawn_blocking(move || {
+                let mut engine = store_config(&config);
+                // The log is the durable copy: a node that loses its unsynced tail applies
+                // it again from the log.
+                engine.durability = Durability::Relaxed;
+                let store = Store::open_replicated(&db, engine, log)?;
+                let (hub, first_start) = initialise_settings(&store, &config, &clock)?;
+                Ok::<_, NodeError>((Arc::new(store), hub, first_start))
+            })
+            .await
+            .map_err(|e| NodeError::Other(e.to_string()))?
+        };
+        let (store, hub, first_start) = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not start as the writer; following again");
+                promotion.lease.release().await;
+                pause().await;
+                continue;
+            }
+        };
+        let stop = shutdown.child_token();
+        let keeper = tokio::spawn(writer::hold(promotion.lease, log, stop.clone()));
+        tracing::info!(node = %config.cluster.node, log_end = promotion.caught_up_to, "serving as the cluster's writer");
+        let opened = Opened {
+            store,
+            hub,
+            first_start,
+            clock,
+            recovery: false,
+        };
+        let served = serve_store(data_dir, &config, opened, stop.clone()).await;
+        stop.cancel();
+        let lease = keeper.await.ok().flatten();
+        if let Some(lease) = lease {
+            lease.release().await;
+        }
+        if shutdown.is_cancelled() {
+            return served;
+        }
+        if let Err(e) = served {
+            tracing::warn!(error = %e, "serving as the writer failed");
+            pause().await;
+        }
+        tracing::warn!("stepped down as the writer; following the commit log again");
+    }
+}
+
+/// Serves `opened` until `shutdown` is cancelled, then drains and closes the store.
+async fn serve_store(
+    data_dir: &Path,
+    config: &Config,
+    opened: Opened,
+    shutdown: CancellationToken,
+) -> Result<(), NodeError> {
+    let Opened {
+        store,
+        hub,
+        first_start,
+        clock,
+        recovery,
+    } = opened;
     if first_start {
         println!(
             "Initialised hub {:?} in {}",
@@ -320,18 +458,20 @@ pub async fn serve(
     let quic_addr = quic
         .local_addr()
         .map_err(|e| NodeError::Other(format!("QUIC endpoint address: {e}")))?;
-    let services = Services::start(store, hub, &config, clock, &shutdown).await?;
+    let services = Services::start(store, hub, config, clock, &shutdown).await?;
     let ctx = services.ctx.clone();
-    let recovery = tokio::spawn(hub::storage_recovery::run(
-        ctx.store.clone(),
-        hub::storage_recovery::Recovery {
-            data_dir: data_dir.to_path_buf(),
-            db_dir: db_path(data_dir),
-            config: store_config(&config),
-            indexed_paths: config.query.indexed_paths.clone(),
-        },
-        shutdown.clone(),
-    ));
+    let recovery = recovery.then(|| {
+        tokio::spawn(hub::storage_recovery::run(
+            ctx.store.clone(),
+            hub::storage_recovery::Recovery {
+                data_dir: data_dir.to_path_buf(),
+                db_dir: db_path(data_dir),
+                config: store_config(config),
+                indexed_paths: config.query.indexed_paths.clone(),
+            },
+            shutdown.clone(),
+        ))
+    });
     let readiness = crate::transport::ops::Readiness::default();
     // The ops listener outlives the drain, so readiness can be seen going false.
     let ops_stop = CancellationToken::new();
@@ -397,7 +537,9 @@ pub async fn serve(
         let _ = t.await;
     }
     services.join().await;
-    let _ = recovery.await;
+    if let Some(recovery) = recovery {
+        let _ = recovery.await;
+    }
     tracker.close();
     if tokio::time::timeout(DRAIN_TIMEOUT, tracker.wait())
         .await

@@ -80,6 +80,47 @@ pub fn ensure_material(
     hub_name: &str,
     host_name: &str,
 ) -> Result<bool, TlsError> {
+    ensure_material_for(paths, hub_name, host_name, &[])
+}
+
+/// The files of the material, in the order they are written (`ca.pem`, which marks the
+/// material complete, last).
+pub const MATERIAL_FILES: [&str; 4] = ["ca-key.pem", "server-key.pem", "server.pem", "ca.pem"];
+
+/// Reads the material's files as (name, contents), or `None` when it is incomplete.
+pub fn read_material(paths: &TlsPaths) -> Option<Vec<(String, String)>> {
+    MATERIAL_FILES
+        .iter()
+        .map(|name| {
+            fs::read_to_string(paths.dir.join(name))
+                .ok()
+                .map(|c| (name.to_string(), c))
+        })
+        .collect()
+}
+
+/// Writes material read elsewhere by [`read_material`] (cluster nodes share one).
+pub fn write_material(paths: &TlsPaths, files: &[(String, String)]) -> Result<(), TlsError> {
+    fs::create_dir_all(&paths.dir).map_err(|e| file_err(&paths.dir, e))?;
+    for name in MATERIAL_FILES {
+        let contents = files
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| c)
+            .ok_or_else(|| file_err(&paths.dir.join(name), "missing from the shared material"))?;
+        write_file(&paths.dir.join(name), contents, name.ends_with("key.pem"))?;
+    }
+    Ok(())
+}
+
+/// As [`ensure_material`], the server certificate also covering `extra_names` (names or IP
+/// addresses).
+pub fn ensure_material_for(
+    paths: &TlsPaths,
+    hub_name: &str,
+    host_name: &str,
+    extra_names: &[String],
+) -> Result<bool, TlsError> {
     if paths.server().exists() && paths.server_key().exists() && paths.ca().exists() {
         return Ok(false);
     }
@@ -103,7 +144,10 @@ pub fn ensure_material(
 
     let server_key = KeyPair::generate()?;
     let mut names: Vec<String> = vec![host_name.to_string()];
-    for n in ["localhost", "127.0.0.1", "::1"] {
+    for n in ["localhost", "127.0.0.1", "::1"]
+        .into_iter()
+        .chain(extra_names.iter().map(String::as_str))
+    {
         if !names.iter().any(|x| x.eq_ignore_ascii_case(n)) {
             names.push(n.to_string());
         }

@@ -17,6 +17,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("rest", 6),
     ("hub", 5),
     ("error_codes", 4),
+    ("cluster", 4),
     ("routing", 3),
     ("auth", 3),
     ("telemetry", 3),

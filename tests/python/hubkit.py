@@ -122,9 +122,13 @@ class Hub:
             raise RuntimeError(f"ferrohub {' '.join(args)} failed: {out.stderr}")
         return out.stdout.strip()
 
+    def metrics_base(self) -> str:
+        """The operations listener's base URL."""
+        return f"http://127.0.0.1:{self.metrics_port}"
+
     def metric(self, name: str) -> float:
         """An unlabelled sample from the operations listener's /metrics (0 when absent)."""
-        r = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10)
+        r = requests.get(f"{self.metrics_base()}/metrics", timeout=10)
         r.raise_for_status()
         for line in r.text.splitlines():
             parts = line.split()

@@ -32,11 +32,15 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rocksdb::{WriteBatch, WriteOptions, DB};
 
+use super::log::{self, CommitLog};
 use super::{Batch, Durability, Op};
 use crate::error::StorageError;
 
 /// Most batches folded into one write. Bounds the latency of the first waiter in a group.
 const MAX_GROUP: usize = 1024;
+/// With a commit log, a group ends once it holds this many bytes (a lone larger batch still
+/// goes alone): the log's messages are bounded (the cluster's NATS servers take 8 MiB).
+const MAX_LOG_ENTRY_BYTES: usize = 4 << 20;
 /// Waiting batches beyond this make `commit` block: backpressure instead of unbounded memory.
 /// Async callers take an admission permit first (see the server's store handle), so they wait
 /// without blocking a thread; this bound is the last line.
@@ -195,7 +199,14 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
-    pub(crate) fn start(db: Arc<DB>, durability: Durability, queue_depth: usize) -> Committer {
+    /// Starts the commit thread. With a `log`, every group is appended to it before it is
+    /// written here (see [`super::log`]).
+    pub(crate) fn start(
+        db: Arc<DB>,
+        durability: Durability,
+        queue_depth: usize,
+        log: Option<Arc<dyn CommitLog>>,
+    ) -> Committer {
         let (tx, rx) = sync_channel(queue_depth.max(1));
         let shared = Arc::new(Shared::default());
         let worker_shared = Arc::clone(&shared);
@@ -203,7 +214,7 @@ impl Committer {
             .name("ferrohub-commit".into())
             .spawn(move || {
                 let _ = worker_shared.wake.thread.set(std::thread::current());
-                run(db, durability, rx, worker_shared)
+                run(db, durability, log, rx, worker_shared)
             })
             .expect("spawning the commit thread");
         Committer {
@@ -319,7 +330,18 @@ impl Drop for Committer {
     }
 }
 
-fn run(db: Arc<DB>, durability: Durability, rx: Receiver<Pending>, shared: Arc<Shared>) {
+fn run(
+    db: Arc<DB>,
+    durability: Durability,
+    log: Option<Arc<dyn CommitLog>>,
+    rx: Receiver<Pending>,
+    shared: Arc<Shared>,
+) {
+    let byte_cap = if log.is_some() {
+        MAX_LOG_ENTRY_BYTES
+    } else {
+        usize::MAX
+    };
     let synced_mode = durability == Durability::Synced;
     let mut synced = WriteOptions::default();
     synced.set_sync(synced_mode);
@@ -338,11 +360,16 @@ fn run(db: Arc<DB>, durability: Durability, rx: Receiver<Pending>, shared: Arc<S
         };
         shared.wait_while_held();
         shared.wake.taken(first.batch.may_lag);
+        let mut bytes = first.batch.encoded_len();
         let mut group = vec![first];
-        while group.len() < MAX_GROUP && group[group.len() - 1].batch.switch_memtable.is_none() {
+        while group.len() < MAX_GROUP
+            && bytes < byte_cap
+            && group[group.len() - 1].batch.switch_memtable.is_none()
+        {
             match rx.try_recv() {
                 Ok(p) => {
                     shared.wake.taken(p.batch.may_lag);
+                    bytes += p.batch.encoded_len();
                     group.push(p);
                 }
                 Err(_) => break,
@@ -350,7 +377,8 @@ fn run(db: Arc<DB>, durability: Durability, rx: Receiver<Pending>, shared: Arc<S
         }
         let only_lagging = group.iter().all(|p| p.batch.may_lag);
         let lags = !synced_mode || only_lagging;
-        let result = write_group(&db, if lags { &unsynced } else { &synced }, &group, &shared);
+        let wo = if lags { &unsynced } else { &synced };
+        let result = write_group(&db, wo, log.as_deref(), &group, &shared);
         if synced_mode && result.is_ok() {
             if lags {
                 lagging_since.get_or_insert_with(Instant::now);
@@ -453,6 +481,7 @@ fn switch_memtable(db: &DB, cf: &str) {
 fn write_group(
     db: &DB,
     wo: &WriteOptions,
+    log: Option<&dyn CommitLog>,
     group: &[Pending],
     shared: &Shared,
 ) -> Result<(), StorageError> {
@@ -462,6 +491,27 @@ fn write_group(
     // Sized up front: growing RocksDB's batch buffer copied it again at every doubling.
     let bytes: usize = group.iter().map(|p| p.batch.encoded_len()).sum();
     let mut wb = WriteBatch::with_capacity_bytes(bytes + 12);
+    if let Some(log) = log {
+        let mut entry = log::entry_header(bytes);
+        for p in group {
+            log::encode_ops(&mut entry, &p.batch.ops);
+        }
+        let seq = log.append(entry).map_err(|e| {
+            shared.poisoned.store(true, Ordering::Release);
+            tracing::error!(error = %e, "commit log append failed; refusing further writes");
+            StorageError::WriteFailed(e.to_string())
+        })?;
+        let Some(meta) = db.cf_handle(ferrohub_migrations::cf::META) else {
+            return Err(StorageError::Backend(
+                "column family meta is missing".into(),
+            ));
+        };
+        wb.put_cf(
+            meta,
+            log::APPLIED_KEY,
+            ferrohub_migrations::record::encode(&seq),
+        );
+    }
     for p in group {
         for op in &p.batch.ops {
             let (Op::Put { cf, .. }

@@ -13,6 +13,7 @@
 
 mod commit;
 mod inflight;
+mod log;
 mod migrate;
 pub(crate) mod no_wait;
 
@@ -28,6 +29,7 @@ pub use commit::CommitStats;
 use commit::Committer;
 pub(crate) use commit::Ticket;
 pub use commit::{CommitHold, DEFAULT_QUEUE_DEPTH, LAG_NAP, LAG_SYNC_WITHIN};
+pub use log::{CommitLog, LogError};
 
 use crate::error::{KeyDisplay, OpenError, StorageError};
 
@@ -277,6 +279,7 @@ impl Raw {
         durability: Durability,
         commit_queue_depth: usize,
         target_version: u32,
+        log: Option<Arc<dyn CommitLog>>,
     ) -> Result<Raw, OpenError> {
         std::fs::create_dir_all(path).map_err(|e| OpenError::Directory {
             path: path.display().to_string(),
@@ -332,7 +335,7 @@ impl Raw {
             tracing::info!(version = v, name, "applying storage migration");
         })?;
         let db = Arc::new(db);
-        let committer = Committer::start(Arc::clone(&db), durability, commit_queue_depth);
+        let committer = Committer::start(Arc::clone(&db), durability, commit_queue_depth, log);
         Ok(Raw {
             db,
             committer: Some(committer),

@@ -1,0 +1,165 @@
+//! Cluster mode's replicated commit log, as the engine sees it (docs/cluster.md).
+//!
+//! A writer's commit thread turns each group into one *entry*, appends it to a [`CommitLog`]
+//! and only then writes the group here; a replica applies the same entries in log order.
+//!
+//! # Invariants
+//! - An entry holds the group's operations in submission order, each naming its column family
+//!   by name (column family ids differ from one database to another), so applying an entry
+//!   writes exactly what the writer wrote.
+//! - The entry's log sequence is written under [`APPLIED_KEY`] in the same RocksDB write as its
+//!   operations, so a database is always a prefix of the log, and a restart resumes right after
+//!   the last entry applied.
+//! - A writer's group reaches RocksDB only after the log acknowledged its entry; a failed
+//!   append poisons the committer (the outcome of an unanswered append is unknown, so the node
+//!   must follow the log again before it writes).
+//! - Entries are applied strictly one after another: a gap (the log no longer holds what this
+//!   replica misses) is an error, never skipped.
+
+use ferrohub_migrations::{cf, record};
+use rocksdb::{WriteBatch, WriteOptions};
+
+use super::{Op, Raw};
+use crate::error::StorageError;
+
+/// `meta` key of the last log sequence this database applied (absent: none).
+pub(crate) const APPLIED_KEY: &[u8] = b"cluster_applied_seq";
+
+/// Entry format version, the entry's first byte.
+const FORMAT: u8 = 1;
+
+/// Where a writer's commit groups go before they reach RocksDB.
+pub trait CommitLog: Send + Sync {
+    /// Appends one entry and returns its sequence once the log stored it durably. Called on
+    /// the commit thread, one entry at a time, in commit order.
+    fn append(&self, entry: Vec<u8>) -> Result<u64, LogError>;
+}
+
+/// Why an append failed. Either way this writer may no longer write.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LogError {
+    /// Someone else appended since this writer's last entry: it was deposed.
+    #[error("another writer appended to the commit log after sequence {expected}")]
+    Fenced { expected: u64 },
+    /// The log did not answer; the entry may or may not be stored.
+    #[error("the commit log is unavailable: {0}")]
+    Unavailable(String),
+}
+
+const PUT: u8 = 0;
+const DELETE: u8 = 1;
+const MERGE: u8 = 2;
+const DELETE_RANGE: u8 = 3;
+
+fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Appends `ops` to an entry under construction (start with [`entry_header`]).
+pub(crate) fn encode_ops(out: &mut Vec<u8>, ops: &[Op]) {
+    for op in ops {
+        let (kind, cf, a, b): (u8, &str, &[u8], &[u8]) = match op {
+            Op::Put { cf, key, value } => (PUT, cf, key, value),
+            Op::Delete { cf, key } => (DELETE, cf, key, &[]),
+            Op::Merge { cf, key, value } => (MERGE, cf, key, value),
+            Op::DeleteRange { cf, from, to } => (DELETE_RANGE, cf, from, to),
+        };
+        out.push(kind);
+        out.push(cf.len() as u8);
+        out.extend_from_slice(cf.as_bytes());
+        push_bytes(out, a);
+        push_bytes(out, b);
+    }
+}
+
+/// A new entry with room for about `bytes` of operations.
+pub(crate) fn entry_header(bytes: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes + 1);
+    out.push(FORMAT);
+    out
+}
+
+fn corrupt(what: &str) -> StorageError {
+    StorageError::Backend(format!("malformed commit log entry: {what}"))
+}
+
+/// Reads `len` bytes at `*at`, advancing it.
+fn take<'a>(entry: &'a [u8], at: &mut usize, len: usize) -> Result<&'a [u8], StorageError> {
+    let end = at
+        .checked_add(len)
+        .filter(|e| *e <= entry.len())
+        .ok_or_else(|| corrupt("truncated"))?;
+    let slice = &entry[*at..end];
+    *at = end;
+    Ok(slice)
+}
+
+fn take_bytes<'a>(entry: &'a [u8], at: &mut usize) -> Result<&'a [u8], StorageError> {
+    let len = take(entry, at, 4)?;
+    let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    take(entry, at, len)
+}
+
+/// Adds an entry's operations to `wb`, resolving column families in this database.
+fn decode_into(raw: &Raw, entry: &[u8], wb: &mut WriteBatch) -> Result<(), StorageError> {
+    if entry.first() != Some(&FORMAT) {
+        return Err(corrupt("unknown format (written by a newer ferrohub?)"));
+    }
+    let mut at = 1;
+    while at < entry.len() {
+        let kind = take(entry, &mut at, 1)?[0];
+        let cf_len = take(entry, &mut at, 1)?[0] as usize;
+        let cf_name = std::str::from_utf8(take(entry, &mut at, cf_len)?)
+            .map_err(|_| corrupt("column family name"))?;
+        let name = cf::ALL
+            .iter()
+            .find(|n| **n == cf_name)
+            .ok_or_else(|| corrupt(&format!("unknown column family {cf_name}")))?;
+        let handle = raw.handle(name)?;
+        let a = take_bytes(entry, &mut at)?;
+        let b = take_bytes(entry, &mut at)?;
+        match kind {
+            PUT => wb.put_cf(handle, a, b),
+            DELETE => wb.delete_cf(handle, a),
+            MERGE => wb.merge_cf(handle, a, b),
+            DELETE_RANGE => wb.delete_range_cf(handle, a, b),
+            _ => return Err(corrupt("unknown operation")),
+        }
+    }
+    Ok(())
+}
+
+impl Raw {
+    /// The last log sequence this database applied; 0 when it applied none.
+    pub(crate) fn applied_log_sequence(&self) -> Result<u64, StorageError> {
+        Ok(self.get_record::<u64>(cf::META, APPLIED_KEY)?.unwrap_or(0))
+    }
+
+    /// Applies the log entry `seq`: its operations and the new applied sequence in one write.
+    /// Returns false (and writes nothing) for an entry already applied. Not synced: the log
+    /// holds the entry, and a replica that loses its tail in a power loss applies it again.
+    ///
+    /// # Errors
+    /// A gap before `seq`, a malformed entry, or RocksDB's failure.
+    pub(crate) fn apply_log_entry(&self, seq: u64, entry: &[u8]) -> Result<bool, StorageError> {
+        let applied = self.applied_log_sequence()?;
+        if seq <= applied {
+            return Ok(false);
+        }
+        if seq != applied + 1 {
+            return Err(StorageError::Backend(format!(
+                "the commit log continues at sequence {seq} but this replica applied only up to \
+                 {applied}: the entries between are no longer in the log; restore this node from \
+                 a backup of another"
+            )));
+        }
+        let mut wb = WriteBatch::with_capacity_bytes(entry.len() + 64);
+        decode_into(self, entry, &mut wb)?;
+        wb.put_cf(self.handle(cf::META)?, APPLIED_KEY, record::encode(&seq));
+        self.db
+            .write_opt(wb, &WriteOptions::default())
+            .map_err(super::backend)?;
+        Ok(true)
+    }
+}

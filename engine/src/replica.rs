@@ -1,0 +1,50 @@
+//! A cluster node's copy of the hub while another node writes: the database, fed the commit
+//! log's entries in order (docs/cluster.md).
+//!
+//! # Invariants
+//! - A replica writes nothing but log entries (and the migrations every node runs alike on an
+//!   empty database), so it is always a prefix of the log.
+//! - It keeps no in-memory state of the hub: a node that becomes the writer closes its replica
+//!   and opens a [`crate::Store`] on the same directory, which loads what it needs from disk.
+
+use std::path::Path;
+
+use crate::error::{OpenError, StorageError};
+use crate::raw::{Durability, Raw};
+
+pub struct Replica {
+    raw: Raw,
+}
+
+impl Replica {
+    /// Opens (creating if needed) the database in `path` at the current schema version.
+    ///
+    /// # Errors
+    /// As [`crate::Store::open`]; [`OpenError::InUse`] while another handle holds it.
+    pub fn open(path: &Path) -> Result<Replica, OpenError> {
+        let raw = Raw::open(
+            path,
+            Durability::Relaxed,
+            1,
+            ferrohub_migrations::LATEST_VERSION,
+            None,
+        )?;
+        Ok(Replica { raw })
+    }
+
+    /// The last log sequence applied; 0 when none.
+    ///
+    /// # Errors
+    /// [`StorageError`] when the record cannot be read.
+    pub fn applied_sequence(&self) -> Result<u64, StorageError> {
+        self.raw.applied_log_sequence()
+    }
+
+    /// Applies entry `seq` (see `raw::log`); false when it was applied already.
+    ///
+    /// # Errors
+    /// A gap before `seq`, a malformed entry, or the database's failure.
+    pub fn apply(&self, seq: u64, entry: &[u8]) -> Result<bool, StorageError> {
+        self.raw.apply_log_entry(seq, entry)
+    }
+}

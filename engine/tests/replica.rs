@@ -1,0 +1,121 @@
+//! Cluster mode's commit log seen from the engine: a writer's groups become log entries, a
+//! replica fed those entries holds the same hub, and a refused append stops the writer.
+//! The log here is an in-memory vector; tests/python/test_cluster.py drives the JetStream one.
+
+mod common;
+
+use std::sync::Arc;
+
+use ferrohub_engine::model::{IdentitySpec, IfMatch};
+use ferrohub_engine::twin::store::TwinWrite;
+use ferrohub_engine::{CommitLog, LogError, Replica, Store, StoreConfig};
+use parking_lot::Mutex;
+use serde_json::json;
+
+/// Entries in append order; sequence = index + 1. Refuses appends once `fenced`.
+#[derive(Default)]
+struct VecLog {
+    entries: Mutex<Vec<Vec<u8>>>,
+    fenced: std::sync::atomic::AtomicBool,
+}
+
+impl CommitLog for VecLog {
+    fn append(&self, entry: Vec<u8>) -> Result<u64, LogError> {
+        let mut entries = self.entries.lock();
+        if self.fenced.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(LogError::Fenced {
+                expected: entries.len() as u64,
+            });
+        }
+        entries.push(entry);
+        Ok(entries.len() as u64)
+    }
+}
+
+fn desired(v: serde_json::Value) -> TwinWrite {
+    TwinWrite {
+        tags: None,
+        desired: v.as_object().cloned(),
+    }
+}
+
+#[test]
+fn a_replica_fed_the_log_holds_the_writers_hub() {
+    let (w, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = Arc::new(VecLog::default());
+    let writer = Store::open_replicated(w.path(), StoreConfig::default(), log.clone()).unwrap();
+    writer
+        .create_device("a", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    writer
+        .create_device("b", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    writer
+        .update_twin(
+            "a",
+            None,
+            &desired(json!({"fw": "2"})),
+            &IfMatch::Any,
+            common::T0,
+        )
+        .unwrap();
+    writer
+        .delete_device("b", &IfMatch::Any, common::T0)
+        .unwrap();
+    let appended = log.entries.lock().len() as u64;
+    assert!(
+        appended >= 4,
+        "every write went through the log: {appended}"
+    );
+    assert_eq!(writer.applied_log_sequence().unwrap(), appended);
+    drop(writer);
+
+    let replica = Replica::open(r.path()).unwrap();
+    assert_eq!(replica.applied_sequence().unwrap(), 0);
+    for (i, entry) in log.entries.lock().iter().enumerate() {
+        assert!(replica.apply(i as u64 + 1, entry).unwrap());
+    }
+    // Applying again changes nothing; a gap is refused.
+    assert!(!replica.apply(1, &log.entries.lock()[0]).unwrap());
+    assert!(replica.apply(appended + 2, &log.entries.lock()[0]).is_err());
+    assert_eq!(replica.applied_sequence().unwrap(), appended);
+    drop(replica);
+
+    // The replica, opened as the next writer, is the same hub.
+    let next = Store::open_replicated(r.path(), StoreConfig::default(), log.clone()).unwrap();
+    assert_eq!(next.applied_log_sequence().unwrap(), appended);
+    assert!(next.get_device("a").is_ok());
+    assert!(next.get_device("b").is_err());
+    let twin = next.get_twin("a", None).unwrap();
+    assert_eq!(twin.record.desired.body.get("fw"), Some(&json!("2")));
+    assert_eq!(next.registry_statistics().unwrap().total_device_count, 1);
+    next.create_device("c", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    assert_eq!(next.applied_log_sequence().unwrap(), appended + 1);
+}
+
+#[test]
+fn a_refused_append_writes_nothing_and_stops_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(VecLog::default());
+    let writer = Store::open_replicated(dir.path(), StoreConfig::default(), log.clone()).unwrap();
+    writer
+        .create_device("kept", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    log.fenced.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(writer
+        .create_device("lost", &IdentitySpec::default(), common::T0)
+        .is_err());
+    assert!(writer.is_poisoned());
+    assert!(writer
+        .create_device("later", &IdentitySpec::default(), common::T0)
+        .is_err());
+    let applied = writer.applied_log_sequence().unwrap();
+    drop(writer);
+    let reopened = Replica::open(dir.path()).unwrap();
+    assert_eq!(reopened.applied_sequence().unwrap(), applied);
+    drop(reopened);
+    let store = common::open(dir.path());
+    assert!(store.get_device("kept").is_ok());
+    assert!(store.get_device("lost").is_err());
+}

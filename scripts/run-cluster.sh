@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# A ferrohub cluster on this machine's loopback (docs/cluster.md):
+#   three nats-servers (JetStream, R3) on 127.0.0.2-4:4222, cluster routes on :6222;
+#   three hub nodes on 127.0.0.2-4 (HTTPS 443, MQTT 8883, AMQP 5671, health 9464);
+#   HAProxy (TCP) on 127.0.0.1 and ::1, ports 443, 8883 and 5671, sending clients to the node
+#   whose health listener answers (the writer).
+#
+#   scripts/run-cluster.sh DIR             start everything; returns once the hub answers
+#   scripts/run-cluster.sh --stop DIR      stop everything started in DIR (by PID)
+#   scripts/run-cluster.sh --start NAME DIR  (re)start one process: nats1..3, hub1..3, haproxy
+#   scripts/run-cluster.sh --writer DIR    print the name of the node serving as the writer
+#
+# PIDs go to DIR/pids/<name>.pid, logs to DIR/logs/, the CA to DIR/tls/ca.pem; the hub's
+# connection strings are printed (and kept in DIR/connection-strings.txt).
+# Needs the built hub (scripts/run-hub.sh or the test command builds it) and root for the
+# SDKs' fixed ports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+# nats1 and hub1 on 127.0.0.2, nats2 and hub2 on 127.0.0.3, nats3 and hub3 on 127.0.0.4.
+ip_of() {
+    local n="${1: -1}"
+    echo "127.0.0.$((n + 1))"
+}
+
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# Waits up to $2 seconds for a TCP port ($1 = host:port) to accept.
+wait_port() {
+    local host="${1%:*}" port="${1##*:}"
+    for _ in $(seq 1 $(($2 * 10))); do
+        if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    echo "run-cluster: nothing answers on $1 after $2 s" >&2
+    return 1
+}
+
+nats_config() {
+    local n="$1" ip routes=""
+    ip="$(ip_of "nats$n")"
+    for m in 1 2 3; do
+        [ "$m" = "$n" ] && continue
+        routes="$routes nats://$(ip_of "nats$m"):6222"
+    done
+    cat <<EOF
+server_name: nats$n
+listen: $ip:4222
+max_payload: 8MB
+jetstream {
+    store_dir: "$DIR/nats$n"
+    # Every acknowledged entry is on a majority's disks (docs/cluster.md, durability).
+    sync_interval: always
+}
+cluster {
+    name: ferrohub
+    listen: $ip:6222
+    routes: [$(echo $routes | sed 's/ /, /g')]
+}
+EOF
+}
+
+hub_config() {
+    local n="$1" ip
+    ip="$(ip_of "hub$n")"
+    cat <<EOF
+[hub]
+host_name = "localhost"
+
+[listeners]
+https = "$ip:443"
+mqtt = "$ip:8883"
+amqp = "$ip:5671"
+mqtt_quic = "$ip:0"
+metrics = "$ip:9464"
+
+[cluster]
+nats = ["nats://127.0.0.2:4222", "nats://127.0.0.3:4222", "nats://127.0.0.4:4222"]
+node = "hub$n"
+certificate_names = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+EOF
+}
+
+haproxy_config() {
+    echo "global
+    maxconn 9000
+defaults
+    mode tcp
+    timeout connect 2s
+    timeout client 1h
+    timeout server 1h
+    timeout check 1s
+    # A connection refused by a node that just stepped down goes to another.
+    retries 3
+    option redispatch"
+    for port in 443 8883 5671; do
+        echo "frontend f$port
+    bind 127.0.0.1:$port
+    bind [::1]:$port
+    default_backend b$port
+backend b$port
+    # Only the writer runs its health listener (followers serve no client), so liveness is
+    # the test: a writer whose log failed stays in rotation and refuses writes with 503.
+    option httpchk GET /health/live
+    default-server check port 9464 inter 250ms fall 1 rise 1 on-marked-down shutdown-sessions"
+        for n in 1 2 3; do echo "    server hub$n $(ip_of "hub$n"):$port"; done
+    done
+}
+
+start_one() {
+    local name="$1"
+    if pid_alive "$DIR/pids/$name.pid"; then
+        echo "run-cluster: $name is already running" >&2
+        return 0
+    fi
+    case "$name" in
+        nats[123])
+            nats_config "${name: -1}" >"$DIR/conf/$name.conf"
+            "$FERROHUB_NATS/bin/nats-server" -c "$DIR/conf/$name.conf" >>"$DIR/logs/$name.log" 2>&1 &
+            ;;
+        hub[123])
+            hub_config "${name: -1}" >"$DIR/conf/$name.toml"
+            "$FERROHUB_BIN" serve --data-dir "$DIR/$name" --config "$DIR/conf/$name.toml" \
+                >>"$DIR/logs/$name.out" 2>>"$DIR/logs/$name.log" &
+            ;;
+        haproxy)
+            haproxy_config >"$DIR/conf/haproxy.cfg"
+            haproxy -db -f "$DIR/conf/haproxy.cfg" >>"$DIR/logs/haproxy.log" 2>&1 &
+            ;;
+        *)
+            echo "run-cluster: no process called $name" >&2
+            return 2
+            ;;
+    esac
+    echo $! >"$DIR/pids/$name.pid"
+}
+
+stop_all() {
+    local pids=()
+    for f in "$DIR"/pids/*.pid; do
+        [ -f "$f" ] || continue
+        if pid_alive "$f"; then pids+=("$(cat "$f")"); fi
+    done
+    [ ${#pids[@]} -gt 0 ] && kill "${pids[@]}" 2>/dev/null || true
+    for _ in $(seq 1 100); do
+        local alive=0
+        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+        [ "$alive" = 0 ] && break
+        sleep 0.2
+    done
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    rm -f "$DIR"/pids/*.pid
+}
+
+# Prints the name of the node whose health endpoint says it serves, or fails.
+writer() {
+    for n in 1 2 3; do
+        if curl -fsS -o /dev/null --max-time 1 "http://$(ip_of "hub$n"):9464/health/live" 2>/dev/null; then
+            echo "hub$n"
+            return 0
+        fi
+    done
+    return 1
+}
+
+case "${1:-}" in
+    --stop)
+        DIR="$(realpath "${2:?usage: run-cluster.sh --stop DIR}")"
+        stop_all
+        exit 0
+        ;;
+    --start)
+        NAME="${2:?usage: run-cluster.sh --start NAME DIR}"
+        DIR="$(realpath "${3:?usage: run-cluster.sh --start NAME DIR}")"
+        start_one "$NAME"
+        exit 0
+        ;;
+    --writer)
+        DIR="$(realpath "${2:?usage: run-cluster.sh --writer DIR}")"
+        writer
+        exit $?
+        ;;
+esac
+
+DIR="${1:?usage: run-cluster.sh DIR | --stop DIR | --start NAME DIR | --writer DIR}"
+mkdir -p "$DIR"
+DIR="$(realpath "$DIR")"
+ensure_nats
+ensure_apt haproxy curl
+if [ ! -x "$FERROHUB_BIN" ]; then
+    echo "run-cluster: build the hub first (cargo build --release --workspace --all-targets)" >&2
+    exit 1
+fi
+mkdir -p "$DIR/pids" "$DIR/logs" "$DIR/conf" "$DIR/tls"
+for n in 1 2 3; do start_one "nats$n"; done
+for n in 1 2 3; do wait_port "$(ip_of "nats$n"):4222" 30; done
+for n in 1 2 3; do start_one "hub$n"; done
+start_one haproxy
+for _ in $(seq 1 600); do
+    W="$(writer || true)"
+    [ -n "$W" ] && break
+    sleep 0.1
+done
+if [ -z "${W:-}" ]; then
+    echo "run-cluster: no hub node became the writer within 60 s; logs in $DIR/logs" >&2
+    exit 1
+fi
+for p in 443 8883 5671; do wait_port "127.0.0.1:$p" 30; done
+cp "$DIR/$W/tls/ca.pem" "$DIR/tls/ca.pem"
+{
+    "$FERROHUB_BIN" connection-string --data-dir "$DIR/$W"
+    "$FERROHUB_BIN" connection-string --data-dir "$DIR/$W" --event-hubs --policy service
+} >"$DIR/connection-strings.txt"
+echo "writer: $W"
+echo "CA certificate: $DIR/tls/ca.pem"
+cat "$DIR/connection-strings.txt"

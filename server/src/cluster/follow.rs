@@ -1,0 +1,133 @@
+//! A node that is not the writer: apply the commit log to the local replica, entry by entry,
+//! and take the writer lease when it is free, then catch up to the log's end.
+//!
+//! # Invariants
+//! - Entries are applied in log order, each with its sequence in the same write (the engine's
+//!   [`ferrohub_engine::Replica`]), so a restart resumes after the last one applied.
+//! - [`follow_until_writer`] returns a lease only once the replica holds the whole log as it
+//!   stood after the lease was taken; the replica is closed by then, so the caller may open a
+//!   store on the same directory.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, DeliverPolicy};
+use ferrohub_engine::{OpenError, Replica};
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::lease::{Renewal, WriterLease};
+use super::link::LOG_STREAM;
+use super::{ClusterError, Link};
+
+/// The lease taken, and the log sequence the replica caught up to.
+pub struct Promotion {
+    pub lease: WriterLease,
+    pub caught_up_to: u64,
+}
+
+/// Opens the replica, waiting while an earlier handle of this process (the store of a writer
+/// that just stepped down) still holds the database.
+async fn open_replica(
+    db: &Path,
+    shutdown: &CancellationToken,
+) -> Result<Option<Arc<Replica>>, ClusterError> {
+    for _ in 0..300 {
+        let path = db.to_path_buf();
+        match tokio::task::spawn_blocking(move || Replica::open(&path)).await {
+            Ok(Ok(r)) => return Ok(Some(Arc::new(r))),
+            Ok(Err(OpenError::InUse { .. })) => {}
+            Ok(Err(e)) => return Err(ClusterError::Replica(e.to_string())),
+            Err(e) => return Err(ClusterError::Replica(e.to_string())),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+    Err(ClusterError::Replica(format!(
+        "{} stayed in use for 30 s",
+        db.display()
+    )))
+}
+
+/// Follows the log until this node holds the writer lease and has applied the log to its end.
+/// `None` when `shutdown` came first.
+///
+/// # Errors
+/// NATS failures (the caller follows again after a pause) and replica failures.
+pub async fn follow_until_writer(
+    link: &Link,
+    db: &Path,
+    shutdown: &CancellationToken,
+) -> Result<Option<Promotion>, ClusterError> {
+    let Some(replica) = open_replica(db, shutdown).await? else {
+        return Ok(None);
+    };
+    let replica_err = |e: ferrohub_engine::StorageError| ClusterError::Replica(e.to_string());
+    let mut applied = replica.applied_sequence().map_err(replica_err)?;
+    tracing::info!(node = %link.section.node, applied, "following the commit log");
+    let stream = link
+        .js
+        .get_stream(LOG_STREAM)
+        .await
+        .map_err(|e| ClusterError::nats("the commit log stream", e))?;
+    let consumer = stream
+        .create_consumer(pull::OrderedConfig {
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: applied + 1,
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| ClusterError::nats("reading the commit log", e))?;
+    let mut entries = consumer
+        .messages()
+        .await
+        .map_err(|e| ClusterError::nats("reading the commit log", e))?;
+    let mut lease: Option<WriterLease> = None;
+    let mut target = u64::MAX;
+    let mut tick = tokio::time::interval(link.section.lease / 3);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while applied < target {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            entry = entries.next() => {
+                let message = entry
+                    .ok_or_else(|| ClusterError::Nats("the commit log reader ended".into()))?
+                    .map_err(|e| ClusterError::nats("reading the commit log", e))?;
+                let seq = message
+                    .info()
+                    .map_err(|e| ClusterError::nats("a commit log entry", e))?
+                    .stream_sequence;
+                replica.apply(seq, &message.payload).map_err(replica_err)?;
+                applied = applied.max(seq);
+            }
+            _ = tick.tick() => match lease.as_mut() {
+                None => {
+                    if let Some(taken) = WriterLease::try_acquire(link).await? {
+                        target = link.log_end().await?;
+                        tracing::info!(applied, log_end = target, "took the writer lease; catching up");
+                        lease = Some(taken);
+                    }
+                }
+                // Catching up may take longer than the lease: keep it.
+                Some(held) => {
+                    if held.renew().await == Renewal::Lost {
+                        tracing::warn!("lost the writer lease while catching up");
+                        lease = None;
+                        target = u64::MAX;
+                    }
+                }
+            }
+        }
+    }
+    drop(entries);
+    drop(replica);
+    let lease = lease.ok_or_else(|| ClusterError::Replica("caught up without a lease".into()))?;
+    Ok(Some(Promotion {
+        lease,
+        caught_up_to: applied,
+    }))
+}

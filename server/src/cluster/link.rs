@@ -1,0 +1,191 @@
+//! The node's connection to the cluster's NATS servers, and the JetStream objects it uses: the
+//! commit log stream, the writer lease bucket and the shared TLS material bucket.
+//!
+//! # Invariants
+//! - A node talks only to nats-server 2.11 or later (`sync_interval`, and the crash fixes the
+//!   log relies on); an older server is refused with a clear error before anything is created.
+//! - The stream and buckets are created with the configured replica count by whichever node
+//!   comes first; later nodes use what exists.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, stream};
+use tokio_util::sync::CancellationToken;
+
+use super::ClusterError;
+use crate::config::ClusterSection;
+
+/// The commit log stream and its one subject.
+pub const LOG_STREAM: &str = "FERROHUB_LOG";
+pub const LOG_SUBJECT: &str = "ferrohub.log";
+/// The bucket holding the writer lease (key [`super::lease::LEASE_KEY`]).
+pub const LEASE_BUCKET: &str = "FERROHUB_LEASE";
+/// The bucket holding the TLS material every node serves with.
+pub const TLS_BUCKET: &str = "FERROHUB_TLS";
+/// The largest log entry the stream takes; the engine keeps groups under half of it.
+const MAX_ENTRY_BYTES: i32 = 8 << 20;
+
+/// Oldest nats-server accepted, as (major, minor).
+const MIN_SERVER: (u64, u64) = (2, 11);
+
+#[derive(Clone)]
+pub struct Link {
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    pub lease: kv::Store,
+    pub tls: kv::Store,
+    pub section: ClusterSection,
+}
+
+fn server_addrs(urls: &[String]) -> Result<Vec<async_nats::ServerAddr>, ClusterError> {
+    urls.iter()
+        .map(|u| {
+            u.parse::<async_nats::ServerAddr>()
+                .map_err(|e| ClusterError::nats(&format!("NATS URL {u}"), e))
+        })
+        .collect()
+}
+
+fn version_ok(version: &str) -> bool {
+    let mut parts = version
+        .split(['.', '-'])
+        .map(|p| p.parse::<u64>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= MIN_SERVER
+}
+
+impl Link {
+    /// Connects, retrying every second until a server answers or `shutdown` (then `None`).
+    ///
+    /// # Errors
+    /// A bad URL, a server older than 2.11, or JetStream refusing to create the stream.
+    pub async fn connect(
+        section: &ClusterSection,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Link>, ClusterError> {
+        let addrs = server_addrs(&section.nats)?;
+        let client = loop {
+            let attempt = async_nats::ConnectOptions::new()
+                .name(format!("ferrohub {}", section.node))
+                .max_reconnects(None)
+                .connect(addrs.clone());
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(None),
+                c = attempt => match c {
+                    Ok(c) => break c,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot reach the cluster's NATS servers; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        };
+        let version = client.server_info().version;
+        if !version_ok(&version) {
+            return Err(ClusterError::ServerTooOld { found: version });
+        }
+        let js = jetstream::new(client.clone());
+        loop {
+            match Self::objects(&js, section).await {
+                Ok((lease, tls)) => {
+                    return Ok(Some(Link {
+                        client,
+                        js,
+                        lease,
+                        tls,
+                        section: section.clone(),
+                    }))
+                }
+                // JetStream without a quorum yet (servers still meeting each other).
+                Err(e) => {
+                    tracing::warn!(error = %e, "JetStream not ready; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Ok(None),
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn objects(
+        js: &jetstream::Context,
+        section: &ClusterSection,
+    ) -> Result<(kv::Store, kv::Store), ClusterError> {
+        js.get_or_create_stream(stream::Config {
+            name: LOG_STREAM.into(),
+            subjects: vec![LOG_SUBJECT.into()],
+            num_replicas: section.replicas,
+            storage: stream::StorageType::File,
+            max_message_size: MAX_ENTRY_BYTES,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| ClusterError::nats("the commit log stream", e))?;
+        let lease = bucket(
+            js,
+            kv::Config {
+                bucket: LEASE_BUCKET.into(),
+                history: 1,
+                max_age: section.lease,
+                num_replicas: section.replicas,
+                storage: stream::StorageType::File,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let tls = bucket(
+            js,
+            kv::Config {
+                bucket: TLS_BUCKET.into(),
+                history: 1,
+                num_replicas: section.replicas,
+                storage: stream::StorageType::File,
+                ..Default::default()
+            },
+        )
+        .await?;
+        Ok((lease, tls))
+    }
+
+    /// The log's last sequence (0 when empty), as JetStream's stream leader sees it.
+    ///
+    /// # Errors
+    /// NATS unreachable, or the stream without a leader.
+    pub async fn log_end(&self) -> Result<u64, ClusterError> {
+        let stream = self
+            .js
+            .get_stream(LOG_STREAM)
+            .await
+            .map_err(|e| ClusterError::nats("the commit log stream", e))?;
+        let info = stream
+            .get_info()
+            .await
+            .map_err(|e| ClusterError::nats("the commit log's state", e))?;
+        Ok(info.state.last_sequence)
+    }
+}
+
+async fn bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store, ClusterError> {
+    let name = config.bucket.clone();
+    match js.get_key_value(&name).await {
+        Ok(kv) => Ok(kv),
+        Err(_) => js
+            .create_key_value(config)
+            .await
+            .map_err(|e| ClusterError::nats(&format!("bucket {name}"), e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn server_versions() {
+        assert!(super::version_ok("2.11.0"));
+        assert!(super::version_ok("2.15.1"));
+        assert!(super::version_ok("3.0.0"));
+        assert!(!super::version_ok("2.9.10"));
+        assert!(!super::version_ok("2.10.22-beta"));
+        assert!(!super::version_ok(""));
+    }
+}

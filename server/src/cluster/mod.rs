@@ -1,0 +1,43 @@
+//! Cluster mode (docs/cluster.md): the hub's state lives in a commit log replicated by a NATS
+//! JetStream cluster, every node keeps a replica of it, and the node holding the writer lease
+//! serves the hub over its own replica, appending each commit group to the log before it
+//! writes it.
+//!
+//! # Invariants
+//! - Only the lease holder opens a writing [`ferrohub_engine::Store`]; every other node holds
+//!   a [`ferrohub_engine::Replica`] and applies the log, and serves no client.
+//! - Two writers can never both extend the log: every append expects the sequence its writer
+//!   last saw ([`log::JetStreamLog`]), so a deposed writer's append is refused whatever the
+//!   lease says. The lease only decides who tries.
+//! - A writer whose append failed or was refused writes nothing more (the engine poisons its
+//!   committer); it steps down once it can reach the log again, and follows it from what its
+//!   replica holds.
+//! - Every node serves with the same TLS material, shared through the cluster ([`tls_share`]).
+
+pub mod follow;
+pub mod lease;
+pub mod link;
+pub mod log;
+pub mod tls_share;
+pub mod writer;
+
+pub use link::Link;
+
+/// What can stop a node from taking part in the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("NATS: {0}")]
+    Nats(String),
+    #[error("nats-server {found} is too old: cluster mode needs 2.11 or later")]
+    ServerTooOld { found: String },
+    #[error("replica: {0}")]
+    Replica(String),
+    #[error("TLS material: {0}")]
+    Tls(String),
+}
+
+impl ClusterError {
+    pub(crate) fn nats(what: &str, e: impl std::fmt::Display) -> ClusterError {
+        ClusterError::Nats(format!("{what}: {e}"))
+    }
+}

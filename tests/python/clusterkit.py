@@ -1,0 +1,138 @@
+"""A three-node ferrohub cluster behind HAProxy, started by scripts/run-cluster.sh (three
+nats-servers on 127.0.0.2-4, three hub nodes, HAProxy on the SDKs' fixed ports of 127.0.0.1).
+
+`Cluster` is a `hubkit.Hub` whose address is HAProxy's and whose data directory is the current
+writer's, so the helpers (tokens, REST calls, connection strings) work unchanged against it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import requests
+
+from hubkit import Hub, binary
+
+SCRIPT = str(Path(__file__).resolve().parents[2] / "scripts" / "run-cluster.sh")
+NAMES = ["nats1", "nats2", "nats3", "hub1", "hub2", "hub3", "haproxy"]
+
+
+def node_ip(name: str) -> str:
+    return f"127.0.0.{int(name[-1]) + 1}"
+
+
+class Cluster(Hub):
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        super().__init__(self.root / "hub1")
+        self.port, self.mqtt_port, self.amqp_port = 443, 8883, 5671
+        self.metrics_port = 9464
+
+    # -- processes ---------------------------------------------------------------------------
+    def start(self, timeout: float = 240) -> "Cluster":
+        out = subprocess.run(["bash", SCRIPT, str(self.root)], capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0:
+            raise RuntimeError(f"run-cluster.sh failed:\n{out.stdout}\n{out.stderr}\n{self.logs()}")
+        self.wait_for_writer()
+        return self
+
+    def stop(self, *_args, **_kw) -> int:
+        subprocess.run(["bash", SCRIPT, "--stop", str(self.root)], capture_output=True, timeout=120)
+        return 0
+
+    def kill(self) -> int:
+        return self.stop()
+
+    def pid(self, name: str) -> int | None:
+        p = self.root / "pids" / f"{name}.pid"
+        return int(p.read_text()) if p.exists() else None
+
+    def alive(self, name: str) -> bool:
+        pid = self.pid(name)
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        # A zombie (killed, not yet reaped by the shell that started it) is gone too.
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        except OSError:
+            return False
+
+    def kill_node(self, name: str, sig=signal.SIGKILL) -> None:
+        """Kills one process (SIGKILL by default) and waits until it is gone."""
+        os.kill(self.pid(name), sig)
+        deadline = time.time() + 30
+        while self.alive(name):
+            assert time.time() < deadline, f"{name} did not die"
+            time.sleep(0.05)
+        (self.root / "pids" / f"{name}.pid").unlink()
+
+    def start_node(self, name: str) -> None:
+        subprocess.run(["bash", SCRIPT, "--start", name, str(self.root)], check=True, capture_output=True, timeout=60)
+
+    def writer(self) -> str | None:
+        for n in ("hub1", "hub2", "hub3"):
+            try:
+                if requests.get(f"http://{node_ip(n)}:9464/health/live", timeout=1).status_code == 200:
+                    return n
+            except requests.RequestException:
+                pass
+        return None
+
+    def wait_for_writer(self, timeout: float = 60, other_than: str | None = None) -> str:
+        """Waits until a node (not `other_than`) serves as the writer and HAProxy reaches it;
+        points the data directory at it. Returns its name."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            w = self.writer()
+            if w and w != other_than:
+                self.data_dir = self.root / w
+                try:
+                    r = requests.get("https://localhost:443/devices?api-version=2021-04-12", verify=self.ca, timeout=5)
+                    if r.status_code in (200, 401):
+                        return w
+                except requests.RequestException:
+                    pass
+            time.sleep(0.1)
+        raise AssertionError(f"no writer within {timeout} s\n{self.logs()}")
+
+    def logs(self, lines: int = 15) -> str:
+        out = []
+        for f in sorted((self.root / "logs").glob("*.log")):
+            text = f.read_text(errors="replace").splitlines()
+            keep = [t for t in text if "migration" not in t][-lines:]
+            out.append(f"== {f.name}\n" + "\n".join(k[:300] for k in keep))
+        return "\n".join(out)
+
+    # -- what each node holds ------------------------------------------------------------------
+    def node_has_device(self, node: str, device_id: str) -> bool:
+        out = subprocess.run([binary(), "connection-string", "--data-dir", str(self.root / node), "--device", device_id],
+                             capture_output=True, text=True, timeout=60)
+        return out.returncode == 0
+
+    def node_cli(self, node: str, *args) -> str:
+        out = subprocess.run([binary(), *args, "--data-dir", str(self.root / node)], capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise RuntimeError(f"ferrohub {' '.join(args)} on {node} failed: {out.stderr}")
+        return out.stdout.strip()
+
+    def wait_node_has_device(self, node: str, device_id: str, timeout: float = 60) -> None:
+        deadline = time.time() + timeout
+        while not self.node_has_device(node, device_id):
+            assert time.time() < deadline, f"{node}'s replica never got {device_id}\n{self.logs()}"
+            time.sleep(0.2)
+
+    # -- overrides of Hub for the cluster's addresses ----------------------------------------
+    @property
+    def ca(self) -> str:
+        return str(self.root / "tls" / "ca.pem")
+
+    def metrics_base(self) -> str:
+        return f"http://{node_ip(self.writer())}:9464"
