@@ -83,6 +83,12 @@ ensure_nats() {
     fi
 }
 
+# What a cluster on loopback needs besides the hub (scripts/run-cluster.sh).
+ensure_cluster_tools() {
+    ensure_nats
+    ensure_apt haproxy curl
+}
+
 # For the benchmark scripts: builds everything (one cargo invocation shape), then bench_setup.
 bench_prepare() {
     ensure_build_deps

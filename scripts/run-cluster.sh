@@ -186,8 +186,7 @@ esac
 DIR="${1:?usage: run-cluster.sh DIR | --stop DIR | --start NAME DIR | --writer DIR}"
 mkdir -p "$DIR"
 DIR="$(realpath "$DIR")"
-ensure_nats
-ensure_apt haproxy curl
+ensure_cluster_tools
 if [ ! -x "$FERROHUB_BIN" ]; then
     echo "run-cluster: build the hub first (cargo build --release --workspace --all-targets)" >&2
     exit 1
@@ -206,7 +205,26 @@ if [ -z "${W:-}" ]; then
     echo "run-cluster: no hub node became the writer within 60 s; logs in $DIR/logs" >&2
     exit 1
 fi
-for p in 443 8883 5671; do wait_port "127.0.0.1:$p" 30; done
+# HAProxy checks each backend on its own timer: wait until a TLS handshake succeeds through
+# every one of them (a backend without a server accepts and closes at once).
+tls_through() {
+    python3 - "$DIR/$W/tls/ca.pem" <<'PY'
+import socket, ssl, sys, time
+ctx = ssl.create_default_context(cafile=sys.argv[1])
+deadline = time.time() + 30
+for port in (443, 8883, 5671):
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s, \
+                    ctx.wrap_socket(s, server_hostname="localhost"):
+                break
+        except (OSError, ssl.SSLError) as e:
+            if time.time() > deadline:
+                sys.exit(f"run-cluster: no TLS handshake through 127.0.0.1:{port}: {e}")
+            time.sleep(0.1)
+PY
+}
+tls_through
 cp "$DIR/$W/tls/ca.pem" "$DIR/tls/ca.pem"
 {
     "$FERROHUB_BIN" connection-string --data-dir "$DIR/$W"

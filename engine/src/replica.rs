@@ -40,6 +40,22 @@ impl Replica {
         self.raw.applied_log_sequence()
     }
 
+    /// Whether the database holds a hub that did not come from a cluster's log (one served or
+    /// restored as a single node): its contents are in no log, so it cannot join one.
+    ///
+    /// # Errors
+    /// [`StorageError`] when the records cannot be read.
+    pub fn holds_a_hub_outside_the_log(&self) -> Result<bool, StorageError> {
+        let hub = self
+            .raw
+            .get_record::<crate::hub::HubSettings>(
+                ferrohub_migrations::cf::META,
+                crate::keys::meta::HUB_SETTINGS,
+            )?
+            .is_some();
+        Ok(hub && self.applied_sequence()? == 0)
+    }
+
     /// Applies entry `seq` (see `raw::log`); false when it was applied already.
     ///
     /// # Errors

@@ -684,6 +684,37 @@ mod tests {
     }
 
     #[test]
+    fn cluster_section() {
+        let c = Config::default();
+        assert!(!c.cluster.enabled(), "a single node by default");
+        let c: Config = toml::from_str(
+            "[cluster]\nnats = [\"nats://127.0.0.2:4222\"]\nnode = \"hub-1\"\nlease = \"5s\"\n",
+        )
+        .unwrap();
+        assert!(c.cluster.enabled());
+        assert_eq!(c.cluster.replicas, 3);
+        c.validate().unwrap();
+        for (text, key) in [
+            ("nats = [\"nats://a\"]", "cluster.node"),
+            ("nats = [\"nats://a\"]\nnode = \"a b\"", "cluster.node"),
+            (
+                "nats = [\"nats://a\"]\nnode = \"n\"\nreplicas = 7",
+                "cluster.replicas",
+            ),
+            (
+                "nats = [\"nats://a\"]\nnode = \"n\"\nlease = \"100ms\"",
+                "cluster.lease",
+            ),
+        ] {
+            let c: Config = toml::from_str(&format!("[cluster]\n{text}\n")).unwrap();
+            match c.validate() {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn c2d_settings_outside_their_ranges_are_refused() {
         for (text, key) in [
             ("[c2d]\ndefault_ttl = \"30s\"", "c2d.default_ttl"),

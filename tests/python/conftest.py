@@ -30,7 +30,15 @@ def owner(hub):
 @pytest.fixture(scope="module")
 def sdk_hub(tmp_path_factory):
     """A hub on the fixed ports the official SDKs use (8883, 443, 5671): one per test module,
-    so modules that use it run one after another."""
+    so modules that use it run one after another. With FERROHUB_TEST_CLUSTER=1 it is a
+    three-node cluster behind HAProxy on those ports instead (clusterkit, docs/cluster.md)."""
+    if os.environ.get("FERROHUB_TEST_CLUSTER") == "1":
+        from clusterkit import Cluster
+
+        c = Cluster(tmp_path_factory.mktemp("sdk-cluster")).start()
+        yield c
+        c.stop()
+        return
     h = Hub(tmp_path_factory.mktemp("sdk") / "hub")
     h.https_addr, h.mqtt_addr, h.amqp_addr = "127.0.0.1:443", "127.0.0.1:8883", "127.0.0.1:5671"
     h.start()

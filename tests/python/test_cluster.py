@@ -8,6 +8,7 @@ One cluster for the module (fixed ports); the tests run in order and each leaves
 running again."""
 
 import json
+import subprocess
 import threading
 import time
 
@@ -18,6 +19,7 @@ from azure.iot.hub.models import CloudToDeviceMethod, Twin
 
 import ehkit
 from clusterkit import Cluster
+from hubkit import Hub, binary
 
 WAIT = 30
 
@@ -188,3 +190,24 @@ def test_two_nats_servers_down_refuse_writes_then_recover(cluster):
     # agrees on it: the log decided.
     held = {cluster.node_has_device(node, "no-quorum") for node in ("hub1", "hub2", "hub3")}
     assert len(held) == 1
+
+
+def test_a_single_nodes_directory_cannot_join(cluster, tmp_path):
+    """A hub served as a single node holds state that is in no log: joining would split the
+    replicas, so the node refuses with a clear error and changes nothing."""
+    single = Hub(tmp_path / "single").start()
+    single.create_device("only-here")
+    single.stop()
+    out = subprocess.run(
+        [binary(), "serve", "--data-dir", str(single.data_dir), "--node-name", "stray",
+         "--nats", "nats://127.0.0.2:4222", "--https-addr", "127.0.0.5:0", "--mqtt-addr", "127.0.0.5:0",
+         "--amqp-addr", "127.0.0.5:0", "--mqtt-quic-addr", "127.0.0.5:0", "--metrics-addr", "127.0.0.5:0"],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "cannot join a cluster" in out.stderr, out.stderr[-2000:]
+    assert cluster.request("GET", "/devices/only-here", cluster.token()).status_code == 404
+    again = Hub(single.data_dir).start()
+    try:
+        assert again.request("GET", "/devices/only-here", again.token()).status_code == 200
+    finally:
+        again.stop()

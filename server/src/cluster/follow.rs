@@ -66,6 +66,13 @@ pub async fn follow_until_writer(
         return Ok(None);
     };
     let replica_err = |e: ferrohub_engine::StorageError| ClusterError::Replica(e.to_string());
+    if replica.holds_a_hub_outside_the_log().map_err(replica_err)? {
+        return Err(ClusterError::Replica(format!(
+            "{} holds a hub that was served or restored as a single node; its state is in no \
+             commit log, so it cannot join a cluster (start cluster nodes on empty directories)",
+            db.display()
+        )));
+    }
     let mut applied = replica.applied_sequence().map_err(replica_err)?;
     tracing::info!(node = %link.section.node, applied, "following the commit log");
     let stream = link
