@@ -3,9 +3,10 @@
 # interleaved: a single node on 127.0.0.1 (ports 18443/18883/18671) and the three-node cluster
 # of scripts/run-cluster.sh (three nats-servers synced always, three hubs, HAProxy on
 # 443/8883/5671; all seven processes share this machine's cores). Scenarios:
-#   telemetry   100 devices x 200 QoS 1 messages, 10 in flight each: messages/s, PUBACK p50/p99
-#   reported    100 devices x 50 reported-property patches: patches/s, p50/p99
-#   c2d         100 devices x 20 C2D messages over HTTPS, 8 senders: messages/s, send-to-receipt
+#   telemetry   100 devices x 2,000 QoS 1 messages, 10 in flight each: messages/s, PUBACK p50/p99
+#   rate10k     the same devices paced to 10,000 messages/s in all (300 each): PUBACK p50/p99
+#   reported    100 devices x 300 reported-property patches: patches/s, p50/p99
+#   c2d         100 devices x 40 C2D messages over HTTPS, 8 senders: messages/s, send-to-receipt
 # Results: JSON per run in $OUT (default ./bench-results) and medians with cluster/single
 # ratios on stdout. Bounded: fixed counts and a time limit per run; everything is stopped on
 # exit. Needs root (the cluster's fixed ports). Not part of the test suite.
@@ -30,9 +31,10 @@ run() { # target scenario repetition
         owner="$CLUSTER_OWNER" mqtt=8883 https=443 amqp=5671 ca="$WORK/cluster/tls/ca.pem"
     fi
     case "$scenario" in
-        telemetry) args=(--scenario telemetry --devices 100 --messages-per-device 200 --inflight 10) ;;
-        reported) args=(--scenario reported --devices 100 --messages-per-device 50) ;;
-        c2d) args=(--scenario c2d --devices 100 --messages-per-device 20 --callers 8 --c2d-sender https) ;;
+        telemetry) args=(--scenario telemetry --devices 100 --messages-per-device 2000 --inflight 10) ;;
+        rate10k) args=(--scenario telemetry --devices 100 --messages-per-device 300 --inflight 10 --rate 10000) ;;
+        reported) args=(--scenario reported --devices 100 --messages-per-device 300) ;;
+        c2d) args=(--scenario c2d --devices 100 --messages-per-device 40 --callers 8 --c2d-sender https) ;;
     esac
     "$LOADGEN" --target ferrohub --host localhost --mqtt-port "$mqtt" --https-port "$https" --amqp-port "$amqp" \
         --ca "$ca" --owner "$owner" "${args[@]}" --payload-bytes 256 --prefix "$target-$scenario-$rep-" \
@@ -40,7 +42,7 @@ run() { # target scenario repetition
 }
 
 for rep in $(seq 1 "$REPEAT"); do
-    for scenario in telemetry reported c2d; do
+    for scenario in telemetry rate10k reported c2d; do
         for target in single cluster; do
             run "$target" "$scenario" "$rep"
         done
@@ -59,7 +61,7 @@ def lat(r, q):
     return (r.get("puback_latency") or r["send_to_receipt_latency"])[f"{q}_ms"]
 print(f"medians of {reps} interleaved runs; cluster = 3 nats-servers (R3, synced always) + 3 hubs + HAProxy on the same cores")
 print(f"{'scenario':<10} {'single/s':>9} {'cluster/s':>9} {'ratio':>6} {'p50 single':>10} {'p50 cluster':>11} {'p99 single':>10} {'p99 cluster':>11}")
-for scenario in ("telemetry", "reported", "c2d"):
+for scenario in ("telemetry", "rate10k", "reported", "c2d"):
     s, c = load("single", scenario), load("cluster", scenario)
     m = lambda runs, f: statistics.median(f(r) for r in runs)
     rs, rc = m(s, rate), m(c, rate)

@@ -476,7 +476,7 @@ impl Default for ClusterSection {
             nats: Vec::new(),
             node: String::new(),
             replicas: 3,
-            lease: Duration::from_secs(3),
+            lease: Duration::from_secs(5),
             certificate_names: Vec::new(),
         }
     }

@@ -363,6 +363,7 @@ async fn serve_cluster(
         let log = Arc::new(JetStreamLog::new(
             link.js.clone(),
             tokio::runtime::Handle::current(),
+            &config.cluster.node,
             promotion.caught_up_to,
         ));
         let clock = Clock::system();

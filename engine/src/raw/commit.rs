@@ -6,6 +6,9 @@
 //!   batch has completed (and, in synced mode, after that write's WAL sync).
 //! - A group is one RocksDB `WriteBatch`, so it is atomic as a whole; each caller's batch is
 //!   therefore atomic too.
+//! - With a commit log (cluster mode, [`super::log`]), a group is written only after the log
+//!   acknowledged it as one entry; a failed append poisons the committer as a failed write
+//!   does. Groups then also end at [`MAX_LOG_ENTRY_BYTES`].
 //! - After a failed write the committer is poisoned: every later commit fails with
 //!   [`StorageError::Poisoned`] until the process restarts and RocksDB recovers from its WAL.
 //! - A batch that asks for a memtable switch ends its group; the switch happens after its

@@ -7,22 +7,32 @@
 //! - Every append expects the sequence of this writer's previous entry (at first, the end of
 //!   the log its replica caught up to). A refusal means another writer appended: this one is
 //!   fenced for good.
-//! - Any failure, refused or unanswered, fences this writer: an unanswered append may still be
-//!   stored, so only following the log tells what the hub now holds. [`JetStreamLog::failed`]
-//!   is cancelled at the first failure so the node can step down.
+//! - An unanswered append is sent again, the same entry with the same message id
+//!   (`Nats-Msg-Id`, unique per writer and expected sequence) and the same expected sequence,
+//!   for up to [`APPEND_PATIENCE`]: JetStream's duplicate window answers a copy that was stored
+//!   already with the stored sequence, and a leader election (a NATS server lost) typically
+//!   takes a few seconds. Only then does the writer give up.
+//! - Any failure that stands, refused or unanswered, fences this writer: an unanswered append
+//!   may still be stored, so only following the log tells what the hub now holds.
+//!   [`JetStreamLog::failed`] is cancelled at the first such failure so the node can step down.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind, message::PublishMessage};
+use bytes::Bytes;
 use ferrohub_engine::{CommitLog, LogError};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 use super::link::LOG_SUBJECT;
 
-/// How long an append may wait for its acknowledgement before the writer gives up on it.
-const APPEND_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one attempt of an append waits for its acknowledgement.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long an append is retried before the writer gives up on it.
+const APPEND_PATIENCE: Duration = Duration::from_secs(20);
+/// The pause between attempts.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 pub struct JetStreamLog {
     js: jetstream::Context,
@@ -31,17 +41,24 @@ pub struct JetStreamLog {
     last: AtomicU64,
     fenced: AtomicBool,
     failed: CancellationToken,
+    /// Names this writer's incarnation in message ids.
+    incarnation: String,
 }
 
 impl JetStreamLog {
-    /// A log whose next entry follows `last` (the end this node's replica caught up to).
-    pub fn new(js: jetstream::Context, runtime: Handle, last: u64) -> JetStreamLog {
+    /// A log whose next entry follows `last` (the end this node's replica caught up to);
+    /// `node` names the writer in message ids.
+    pub fn new(js: jetstream::Context, runtime: Handle, node: &str, last: u64) -> JetStreamLog {
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
         JetStreamLog {
             js,
             runtime,
             last: AtomicU64::new(last),
             fenced: AtomicBool::new(false),
             failed: CancellationToken::new(),
+            incarnation: format!("{node}-{started}"),
         }
     }
 
@@ -60,9 +77,10 @@ impl JetStreamLog {
         self.fenced.load(Ordering::Acquire)
     }
 
-    async fn publish(&self, entry: Vec<u8>, expected: u64) -> Result<u64, LogError> {
+    async fn publish(&self, entry: Bytes, expected: u64) -> Result<u64, LogError> {
         let message = PublishMessage::build()
-            .payload(entry.into())
+            .payload(entry)
+            .message_id(format!("{}-{expected}", self.incarnation))
             .expected_last_sequence(expected);
         let ack = self
             .js
@@ -85,11 +103,22 @@ impl CommitLog for JetStreamLog {
         if self.is_fenced() {
             return Err(LogError::Fenced { expected });
         }
+        let entry = Bytes::from(entry);
         // The commit thread is not a runtime thread, so it may wait on the runtime here.
         let outcome = self.runtime.block_on(async {
-            tokio::time::timeout(APPEND_TIMEOUT, self.publish(entry, expected))
-                .await
-                .unwrap_or_else(|_| Err(LogError::Unavailable("no acknowledgement".into())))
+            let give_up = tokio::time::Instant::now() + APPEND_PATIENCE;
+            loop {
+                let attempt = tokio::time::timeout(ATTEMPT_TIMEOUT, self.publish(entry.clone(), expected))
+                    .await
+                    .unwrap_or_else(|_| Err(LogError::Unavailable("no acknowledgement".into())));
+                match attempt {
+                    Err(LogError::Unavailable(e)) if tokio::time::Instant::now() < give_up => {
+                        tracing::warn!(error = %e, expected, "commit log append unanswered; sending it again");
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                    }
+                    other => break other,
+                }
+            }
         });
         match outcome {
             Ok(seq) => {

@@ -2,9 +2,11 @@
 //!
 //! # Invariants
 //! - A lease found taken by another node fences the log at once: not one more append.
-//! - After a failed append, or a lease unrenewed for its whole time, the writer fences its
-//!   log and keeps serving (reads, and writes refused with 503 / CONNACK 3) until NATS
-//!   answers again; only then does it step down, since a step-down needs the log to follow.
+//! - After a failed append the writer refuses writes (503 / CONNACK 3) and keeps serving
+//!   reads until NATS answers again; only then does it step down, since a step-down needs the
+//!   log to follow.
+//! - A lease merely unrenewed (NATS electing a new leader for the bucket) changes nothing by
+//!   itself: if another node takes the lease and appends, this writer's next append is fenced.
 
 use std::sync::Arc;
 
@@ -44,11 +46,8 @@ pub async fn hold(
                 return None;
             }
             Renewal::Unknown => {
-                if lease.expired() && !log.is_fenced() {
-                    tracing::warn!(
-                        "the writer lease expired unrenewed: refusing writes until NATS answers"
-                    );
-                    log.fence();
+                if lease.expired() {
+                    tracing::warn!("the writer lease went unrenewed for its whole time");
                 }
             }
         }

@@ -108,6 +108,11 @@ struct Args {
     /// Unacknowledged QoS 1 messages each device may have (paho, the SDK's client, allows 20).
     #[arg(long, default_value_t = 10)]
     inflight: usize,
+    /// Total messages per second over all devices (telemetry and reported): each device sends
+    /// at `rate / devices`, its sends spread evenly, so latencies are measured at a set load
+    /// rather than at saturation. Unset: as fast as `--inflight` allows.
+    #[arg(long)]
+    rate: Option<f64>,
     /// Concurrent connection handshakes.
     #[arg(long, default_value_t = 64)]
     connect_concurrency: usize,
@@ -148,6 +153,7 @@ struct Report {
     messages_per_device: usize,
     payload_bytes: usize,
     inflight: usize,
+    rate: Option<f64>,
     quic_tail_probe: bool,
     acknowledged: usize,
     errors: usize,
@@ -243,8 +249,25 @@ async fn run_device(
     let mut sent_at: HashMap<u16, Instant> = HashMap::new();
     let mut next_id: u16 = 1;
     let mut sent = 0;
+    // Paced sends: the next one is due at `due`; devices start spread over one interval.
+    let interval = args
+        .rate
+        .map(|r| Duration::from_secs_f64(args.devices as f64 / r.max(0.001)));
+    let mut due = tokio::time::Instant::now()
+        + interval.map_or(Duration::ZERO, |i| {
+            let spread = id
+                .bytes()
+                .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+            i.mul_f64((spread % 1000) as f64 / 1000.0)
+        });
     while result.latencies_us.len() < args.messages_per_device {
-        while sent < args.messages_per_device && sent_at.len() < args.inflight {
+        while sent < args.messages_per_device
+            && sent_at.len() < args.inflight
+            && interval.is_none_or(|_| tokio::time::Instant::now() >= due)
+        {
+            if let Some(i) = interval {
+                due += i;
+            }
             let pkid = next_id;
             next_id = next_id.checked_add(1).unwrap_or(1);
             // Telemetry: QoS 1, answered by PUBACK. Reported patch: QoS 0, answered on the twin
@@ -278,7 +301,17 @@ async fn run_device(
             result.error = Some(format!("{id}: flush: {e}"));
             return result;
         }
-        match conn.next().await {
+        let waiting_to_send =
+            interval.is_some() && sent < args.messages_per_device && sent_at.len() < args.inflight;
+        let next = if waiting_to_send {
+            tokio::select! {
+                p = conn.next() => p,
+                _ = tokio::time::sleep_until(due) => continue,
+            }
+        } else {
+            conn.next().await
+        };
+        match next {
             Some(Ok(VariablePacket::PubackPacket(ack))) if args.scenario == Scenario::Telemetry => {
                 if let Some(t) = sent_at.remove(&ack.packet_identifier()) {
                     result.latencies_us.push(t.elapsed().as_micros() as u64);
@@ -404,6 +437,7 @@ async fn main() -> anyhow::Result<()> {
         messages_per_device: args.messages_per_device,
         payload_bytes: args.payload_bytes,
         inflight: args.inflight,
+        rate: args.rate,
         quic_tail_probe: args.quic_tail_probe,
         acknowledged,
         errors: errors.len(),
