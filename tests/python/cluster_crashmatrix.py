@@ -143,8 +143,25 @@ class Load:
             client.close()
 
 
+def get_settled(load: Load, path: str, timeout: float = 60) -> requests.Response:
+    """A read through the balancer, retried through a step-down or an election (no writer
+    for a moment): the answer once it is not a 5xx or a broken connection."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            r = load.request("GET", path)
+            if r.status_code < 500:
+                return r
+        except requests.RequestException:
+            if time.time() > deadline:
+                raise
+        if time.time() > deadline:
+            return r
+        time.sleep(0.2)
+
+
 def device_key(load: Load, device: str) -> str:
-    return load.request("GET", f"/devices/{device}").json()["authentication"]["symmetricKey"]["primaryKey"]
+    return get_settled(load, f"/devices/{device}").json()["authentication"]["symmetricKey"]["primaryKey"]
 
 
 def trial(c: Cluster, n: int, rng: random.Random, owner_key: str) -> dict:
@@ -181,9 +198,9 @@ def trial(c: Cluster, n: int, rng: random.Random, owner_key: str) -> dict:
     if failover is None:
         problems.append("writes never accepted again within 60 s")
     for d in load.acked_devices:
-        if load.request("GET", f"/devices/{d}").status_code != 200:
+        if get_settled(load, f"/devices/{d}").status_code != 200:
             problems.append(f"acknowledged device {d} missing")
-    desired = load.request("GET", f"/twins/{twin_dev}").json()["properties"]["desired"]
+    desired = get_settled(load, f"/twins/{twin_dev}").json()["properties"]["desired"]
     if desired.get("a") != desired.get("b") or (desired.get("a") or 0) < load.acked_patch:
         problems.append(f"twin {desired.get('a')}/{desired.get('b')} against acknowledged {load.acked_patch}")
     # Drain the queue over HTTPS (receive, then complete), retrying through any blip, until the
@@ -210,7 +227,16 @@ def trial(c: Cluster, n: int, rng: random.Random, owner_key: str) -> dict:
     missing_c2d = set(load.acked_c2d) - set(queued)
     if missing_c2d:
         problems.append(f"{len(missing_c2d)} acknowledged C2D messages missing")
-    bodies = {base64.b64decode(e["body"]).decode(errors="replace") for e in c.events_of(tele)}
+    deadline = time.time() + 60
+    while True:
+        try:
+            events = c.events_of(tele)
+            break
+        except (AssertionError, requests.RequestException):
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+    bodies = {base64.b64decode(e["body"]).decode(errors="replace") for e in events}
     missing = [b for b in load.acked_telemetry if b not in bodies]
     if missing:
         problems.append(f"{len(missing)} acknowledged telemetry messages missing, first {missing[0]}")

@@ -10,7 +10,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull, DeliverPolicy};
 use ferrohub_engine::{OpenError, Replica};
@@ -52,6 +52,31 @@ async fn open_replica(
     )))
 }
 
+/// How long the log reader may stay quiet while the log holds more before it is started again.
+const STALL: Duration = Duration::from_secs(2);
+
+/// An ordered reader of the log from `start`.
+async fn open_reader(link: &Link, start: u64) -> Result<pull::Ordered, ClusterError> {
+    let stream = link
+        .js
+        .get_stream(LOG_STREAM)
+        .await
+        .map_err(|e| ClusterError::nats("the commit log stream", e))?;
+    let consumer = stream
+        .create_consumer(pull::OrderedConfig {
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: start,
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| ClusterError::nats("reading the commit log", e))?;
+    consumer
+        .messages()
+        .await
+        .map_err(|e| ClusterError::nats("reading the commit log", e))
+}
+
 /// Follows the log until this node holds the writer lease and has applied the log to its end.
 /// `None` when `shutdown` came first.
 ///
@@ -75,24 +100,8 @@ pub async fn follow_until_writer(
     }
     let mut applied = replica.applied_sequence().map_err(replica_err)?;
     tracing::info!(node = %link.section.node, applied, "following the commit log");
-    let stream = link
-        .js
-        .get_stream(LOG_STREAM)
-        .await
-        .map_err(|e| ClusterError::nats("the commit log stream", e))?;
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: applied + 1,
-            },
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| ClusterError::nats("reading the commit log", e))?;
-    let mut entries = consumer
-        .messages()
-        .await
-        .map_err(|e| ClusterError::nats("reading the commit log", e))?;
+    let mut entries = open_reader(link, applied + 1).await?;
+    let mut last_entry = Instant::now();
     let mut lease: Option<WriterLease> = None;
     let mut target = u64::MAX;
     let mut tick = tokio::time::interval(link.section.lease / 3);
@@ -110,8 +119,17 @@ pub async fn follow_until_writer(
                     .stream_sequence;
                 replica.apply(seq, &message.payload).map_err(replica_err)?;
                 applied = applied.max(seq);
+                last_entry = Instant::now();
             }
-            _ = tick.tick() => match lease.as_mut() {
+            _ = tick.tick() => {
+                // An ordered consumer notices a lost server only after missing two idle
+                // heartbeats (30 s): a reader quiet while the log has more is started again.
+                if last_entry.elapsed() >= STALL && link.log_end().await? > applied {
+                    tracing::info!(applied, "the commit log reader stalled; reading again");
+                    entries = open_reader(link, applied + 1).await?;
+                    last_entry = Instant::now();
+                }
+                match lease.as_mut() {
                 None => {
                     if let Some(taken) = WriterLease::try_acquire(link).await? {
                         target = link.log_end().await?;
@@ -126,6 +144,7 @@ pub async fn follow_until_writer(
                         lease = None;
                         target = u64::MAX;
                     }
+                }
                 }
             }
         }
