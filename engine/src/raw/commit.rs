@@ -381,7 +381,7 @@ fn run(
         let only_lagging = group.iter().all(|p| p.batch.may_lag);
         let lags = !synced_mode || only_lagging;
         let wo = if lags { &unsynced } else { &synced };
-        let result = write_group(&db, wo, log.as_deref(), &group, &shared);
+        let result = write_group(&db, wo, log.as_deref(), &group, bytes, &shared);
         if synced_mode && result.is_ok() {
             if lags {
                 lagging_since.get_or_insert_with(Instant::now);
@@ -486,13 +486,14 @@ fn write_group(
     wo: &WriteOptions,
     log: Option<&dyn CommitLog>,
     group: &[Pending],
+    bytes: usize,
     shared: &Shared,
 ) -> Result<(), StorageError> {
     if shared.poisoned.load(Ordering::Acquire) {
         return Err(StorageError::Poisoned);
     }
-    // Sized up front: growing RocksDB's batch buffer copied it again at every doubling.
-    let bytes: usize = group.iter().map(|p| p.batch.encoded_len()).sum();
+    // Sized up front (`bytes`, counted as the group was taken): growing RocksDB's batch buffer
+    // copied it again at every doubling.
     let mut wb = WriteBatch::with_capacity_bytes(bytes + 12);
     if let Some(log) = log {
         let mut entry = log::entry_header(bytes);
