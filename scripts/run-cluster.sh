@@ -2,10 +2,13 @@
 # A ferrohub cluster on this machine's loopback (docs/cluster.md):
 #   three nats-servers (JetStream, R3) on 127.0.0.2-4:4222, cluster routes on :6222;
 #   three hub nodes on 127.0.0.2-4 (HTTPS 443, MQTT 8883, AMQP 5671, health 9464);
-#   HAProxy (TCP) on 127.0.0.1 and ::1, ports 443, 8883 and 5671, sending clients to the node
-#   whose health listener answers (the writer).
+#   HAProxy (TCP) on 127.0.0.1 and ::1, ports 443, 8883 and 5671, spreading clients over the
+#   nodes (a follower forwards each connection to the writer).
 #
 #   scripts/run-cluster.sh DIR             start everything; returns once the hub answers
+#   scripts/run-cluster.sh --seed FROM DIR  the same, for a new cluster holding the hub of FROM
+#                                          (a `ferrohub backup` or `restore` directory): hub1
+#                                          starts on a copy of it and seeds the log first
 #   scripts/run-cluster.sh --stop DIR      stop everything started in DIR (by PID)
 #   scripts/run-cluster.sh --start NAME DIR  (re)start one process: nats1..3, hub1..3, haproxy
 #   scripts/run-cluster.sh --writer DIR    print the name of the node serving as the writer
@@ -91,7 +94,7 @@ defaults
     timeout client 1h
     timeout server 1h
     timeout check 1s
-    # A connection refused by a node that just stepped down goes to another.
+    # A connection refused by a node between roles goes to another.
     retries 3
     option redispatch"
     for port in 443 8883 5671; do
@@ -100,10 +103,10 @@ defaults
     bind [::1]:$port
     default_backend b$port
 backend b$port
-    # Only the writer runs its health listener (followers serve no client), so liveness is
-    # the test: a writer whose log failed stays in rotation and refuses writes with 503.
-    option httpchk GET /health/live
-    default-server check port 9464 inter 250ms fall 1 rise 1 on-marked-down shutdown-sessions"
+    # Every node takes clients: a follower forwards each connection to the writer
+    # (docs/cluster.md), so a node is in rotation while its port accepts.
+    balance $([ "$port" = 443 ] && echo roundrobin || echo leastconn)
+    default-server check inter 250ms fall 1 rise 1"
         for n in 1 2 3; do echo "    server hub$n $(ip_of "hub$n"):$port"; done
     done
 }
@@ -183,9 +186,21 @@ case "${1:-}" in
         ;;
 esac
 
-DIR="${1:?usage: run-cluster.sh DIR | --stop DIR | --start NAME DIR | --writer DIR}"
+SEED=""
+if [ "${1:-}" = "--seed" ]; then
+    SEED="$(realpath "${2:?usage: run-cluster.sh --seed FROM DIR}")"
+    shift 2
+fi
+DIR="${1:?usage: run-cluster.sh [--seed FROM] DIR | --stop DIR | --start NAME DIR | --writer DIR}"
 mkdir -p "$DIR"
 DIR="$(realpath "$DIR")"
+if [ -n "$SEED" ]; then
+    if [ -e "$DIR/hub1" ]; then
+        echo "run-cluster: $DIR/hub1 exists; a seeded cluster starts in a new directory" >&2
+        exit 1
+    fi
+    cp -a "$SEED" "$DIR/hub1"
+fi
 ensure_cluster_tools
 if [ ! -x "$FERROHUB_BIN" ]; then
     echo "run-cluster: build the hub first (cargo build --release --workspace --all-targets)" >&2
@@ -194,6 +209,15 @@ fi
 mkdir -p "$DIR/pids" "$DIR/logs" "$DIR/conf" "$DIR/tls"
 for n in 1 2 3; do start_one "nats$n"; done
 for n in 1 2 3; do wait_port "$(ip_of "nats$n"):4222" 30; done
+if [ -n "$SEED" ]; then
+    # The seeded node writes its hub into the empty log before anyone else may write.
+    start_one hub1
+    for _ in $(seq 1 1200); do
+        [ "$(writer || true)" = hub1 ] && break
+        pid_alive "$DIR/pids/hub1.pid" || { echo "run-cluster: hub1 stopped while seeding; see $DIR/logs/hub1.log" >&2; exit 1; }
+        sleep 0.1
+    done
+fi
 for n in 1 2 3; do start_one "hub$n"; done
 start_one haproxy
 for _ in $(seq 1 600); do
@@ -205,22 +229,24 @@ if [ -z "${W:-}" ]; then
     echo "run-cluster: no hub node became the writer within 60 s; logs in $DIR/logs" >&2
     exit 1
 fi
-# HAProxy checks each backend on its own timer: wait until a TLS handshake succeeds through
-# every one of them (a backend without a server accepts and closes at once).
+# HAProxy checks each backend on its own timer, and a follower forwards only once it has read
+# the writer's lease: wait until a TLS handshake succeeds through the balancer and through every
+# node, on every port (a port with no writer behind it accepts and closes at once).
 tls_through() {
     python3 - "$DIR/$W/tls/ca.pem" <<'PY'
 import socket, ssl, sys, time
 ctx = ssl.create_default_context(cafile=sys.argv[1])
 deadline = time.time() + 30
-for port in (443, 8883, 5671):
+for host, port in [(h, p) for h in ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4")
+                   for p in (443, 8883, 5671)]:
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as s, \
+            with socket.create_connection((host, port), timeout=5) as s, \
                     ctx.wrap_socket(s, server_hostname="localhost"):
                 break
         except (OSError, ssl.SSLError) as e:
             if time.time() > deadline:
-                sys.exit(f"run-cluster: no TLS handshake through 127.0.0.1:{port}: {e}")
+                sys.exit(f"run-cluster: no TLS handshake through {host}:{port}: {e}")
             time.sleep(0.1)
 PY
 }

@@ -22,7 +22,7 @@ pub async fn open(
     container_id: &str,
     sasl: SaslProfile,
 ) -> anyhow::Result<ConnectionHandle<()>> {
-    let tcp = TcpStream::connect((host, port)).await?;
+    let tcp = TcpStream::connect((crate::dial::address_for(host), port)).await?;
     tcp.set_nodelay(true)?;
     let stream = tls
         .connect(ServerName::try_from(host.to_string())?, tcp)

@@ -91,13 +91,13 @@ impl Dialer {
         let name = ServerName::try_from(host.to_string())?;
         match self {
             Dialer::Tls(tls) => {
-                let tcp = TcpStream::connect((host, port)).await?;
+                let tcp = TcpStream::connect((crate::dial::address_for(host), port)).await?;
                 tcp.set_nodelay(true)?;
                 Ok(Box::new(tls.connect(name, tcp).await?))
             }
             Dialer::Ws(tls) => Ok(Box::new(crate::ws::open(tls, host, port).await?)),
             Dialer::Quic(quic) => {
-                let addr = tokio::net::lookup_host((host, port))
+                let addr = tokio::net::lookup_host((crate::dial::address_for(host), port))
                     .await?
                     .next()
                     .ok_or_else(|| anyhow!("{host} has no address"))?;

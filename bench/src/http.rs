@@ -28,7 +28,7 @@ pub struct HttpsConnection {
 
 impl HttpsConnection {
     pub async fn connect(tls: &TlsConnector, host: &str, port: u16) -> anyhow::Result<Self> {
-        let tcp = TcpStream::connect((host, port)).await?;
+        let tcp = TcpStream::connect((crate::dial::address_for(host), port)).await?;
         tcp.set_nodelay(true)?;
         let stream = tls
             .connect(ServerName::try_from(host.to_string())?, tcp)

@@ -9,6 +9,7 @@
 
 pub mod amqp;
 pub mod client;
+pub mod dial;
 pub mod http;
 pub mod registry;
 pub mod segment;

@@ -30,7 +30,7 @@ pub struct WsBytes {
 /// # Errors
 /// Connection, TLS or WebSocket handshake failures.
 pub async fn open(tls: &TlsConnector, host: &str, port: u16) -> anyhow::Result<WsBytes> {
-    let tcp = TcpStream::connect((host, port)).await?;
+    let tcp = TcpStream::connect((crate::dial::address_for(host), port)).await?;
     tcp.set_nodelay(true)?;
     let stream = tls
         .connect(ServerName::try_from(host.to_string())?, tcp)

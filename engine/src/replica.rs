@@ -3,7 +3,9 @@
 //!
 //! # Invariants
 //! - A replica writes nothing but log entries (and the migrations every node runs alike on an
-//!   empty database), so it is always a prefix of the log.
+//!   empty database), so it is always a prefix of the log. The one exception is a seed: a hub
+//!   outside any log writes itself into an empty log as entries of puts, then records the last
+//!   one as applied.
 //! - It keeps no in-memory state of the hub: a node that becomes the writer closes its replica
 //!   and opens a [`crate::Store`] on the same directory, which loads what it needs from disk.
 
@@ -54,6 +56,28 @@ impl Replica {
             )?
             .is_some();
         Ok(hub && self.applied_sequence()? == 0)
+    }
+
+    /// Hands `each` the whole database as log entries (see `Raw::seed_log_entries`), for a hub
+    /// outside any log to seed a new cluster's empty log; then [`Replica::mark_seeded`].
+    ///
+    /// # Errors
+    /// The database's failure, or the first error of `each`.
+    pub fn seed_entries<E: From<StorageError>>(
+        &self,
+        each: impl FnMut(Vec<u8>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.raw
+            .seed_log_entries(crate::raw::MAX_LOG_ENTRY_BYTES, each)
+    }
+
+    /// Records that the log's entries up to `last` are this database's seed: from now on it
+    /// is a replica of that log.
+    ///
+    /// # Errors
+    /// The database's failure.
+    pub fn mark_seeded(&self, last: u64) -> Result<(), StorageError> {
+        self.raw.mark_applied(last)
     }
 
     /// Applies entry `seq` (see `raw::log`); false when it was applied already.

@@ -119,3 +119,76 @@ fn a_refused_append_writes_nothing_and_stops_the_writer() {
     assert!(store.get_device("kept").is_ok());
     assert!(store.get_device("lost").is_err());
 }
+
+#[test]
+fn a_single_nodes_hub_seeds_an_empty_log_that_rebuilds_it_elsewhere() {
+    let (single, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    {
+        let store = common::open(single.path());
+        store
+            .initialise_hub(ferrohub_engine::hub::HubSettings {
+                hub_name: "seeded".into(),
+                host_name: "localhost".into(),
+                policies: ferrohub_engine::hub::HubSettings::default_policies(),
+                created: common::T0,
+            })
+            .unwrap();
+        for i in 0..300 {
+            store
+                .create_device(&format!("d{i}"), &IdentitySpec::default(), common::T0)
+                .unwrap();
+        }
+        // About 5 MB of twins: more than one entry's worth.
+        for i in 0..200 {
+            store
+                .update_twin(
+                    &format!("d{i}"),
+                    None,
+                    &desired(json!({
+                        "a": "x".repeat(4_000), "b": "x".repeat(4_000), "c": "x".repeat(4_000),
+                        "d": "x".repeat(4_000), "e": "x".repeat(4_000), "f": "x".repeat(4_000),
+                    })),
+                    &IfMatch::Any,
+                    common::T0,
+                )
+                .unwrap();
+        }
+        store.delete_device("d8", &IfMatch::Any, common::T0).unwrap();
+    }
+    let seeded = Replica::open(single.path()).unwrap();
+    assert!(seeded.holds_a_hub_outside_the_log().unwrap());
+    let log = VecLog::default();
+    seeded
+        .seed_entries(|entry| {
+            log.append(entry)
+                .map(drop)
+                .map_err(|e| ferrohub_engine::StorageError::Backend(e.to_string()))
+        })
+        .unwrap();
+    let appended = log.entries.lock().len() as u64;
+    assert!(appended >= 2, "{appended} entries");
+    seeded.mark_seeded(appended).unwrap();
+    assert!(!seeded.holds_a_hub_outside_the_log().unwrap());
+    assert_eq!(seeded.applied_sequence().unwrap(), appended);
+    drop(seeded);
+
+    let replica = Replica::open(other.path()).unwrap();
+    for (i, entry) in log.entries.lock().iter().enumerate() {
+        assert!(replica.apply(i as u64 + 1, entry).unwrap());
+    }
+    drop(replica);
+    let log = Arc::new(log);
+    for dir in [single.path(), other.path()] {
+        let store = Store::open_replicated(dir, StoreConfig::default(), log.clone()).unwrap();
+        assert_eq!(store.applied_log_sequence().unwrap(), appended);
+        assert_eq!(store.registry_statistics().unwrap().total_device_count, 299);
+        assert!(store.get_device("d8").is_err());
+        let twin = store.get_twin("d7", None).unwrap();
+        assert_eq!(
+            twin.record.desired.body["f"].as_str().map(str::len),
+            Some(4_000)
+        );
+        assert!(store.get_twin("d299", None).is_ok());
+        assert_eq!(store.hub_settings().unwrap().unwrap().hub_name, "seeded");
+    }
+}

@@ -317,16 +317,45 @@ struct Opened {
     recovery: bool,
 }
 
+/// This node as the writer lease names it: its name and where other nodes reach its listeners.
+fn lease_holder(config: &Config) -> Result<crate::cluster::lease::Holder, NodeError> {
+    let l = &config.listeners;
+    let host = config
+        .cluster
+        .advertised_host(l.https)
+        .ok_or_else(|| NodeError::Other("cluster.advertise is needed".into()))?;
+    Ok(crate::cluster::lease::Holder {
+        node: config.cluster.node.clone(),
+        host,
+        https: l.https.port(),
+        mqtt: l.mqtt.port(),
+        amqp: l.amqp.port(),
+    })
+}
+
+/// A follower's listeners on the writer's ports (see [`crate::cluster::relay`]).
+async fn relay_listeners(
+    config: &Config,
+) -> Result<Vec<(crate::cluster::relay::Service, TcpListener)>, NodeError> {
+    use crate::cluster::relay::Service;
+    let l = &config.listeners;
+    Ok(vec![
+        (Service::Https, bind(l.https).await?),
+        (Service::Mqtt, bind(l.mqtt).await?),
+        (Service::Amqp, bind(l.amqp).await?),
+    ])
+}
+
 /// A cluster node: follow the commit log until this node holds the writer lease, serve as the
-/// writer until it must step down (or `shutdown`), and follow again. Clients reach only the
-/// writer (a follower opens no client listener; the load balancer in front checks
-/// `/health/ready`). See docs/cluster.md.
+/// writer until it must step down (or `shutdown`), and follow again. A follower forwards the
+/// connections it accepts to the writer ([`crate::cluster::relay`]), so clients reach the hub
+/// through any node. See docs/cluster.md.
 async fn serve_cluster(
     data_dir: &Path,
     config: Config,
     shutdown: CancellationToken,
 ) -> Result<(), NodeError> {
-    use crate::cluster::{follow, log::JetStreamLog, tls_share, writer, ClusterError, Link};
+    use crate::cluster::{follow, log::JetStreamLog, relay, tls_share, writer, ClusterError, Link};
     let fatal = |e: ClusterError| NodeError::Other(format!("cluster: {e}"));
     let Some(link) = Link::connect(&config.cluster, &shutdown)
         .await
@@ -349,8 +378,13 @@ async fn serve_cluster(
         }
     };
     let db = db_path(data_dir);
+    let me = lease_holder(&config)?;
     loop {
-        let promotion = match follow::follow_until_writer(&link, &db, &shutdown).await {
+        let relay = relay::Relay::start(link.clone(), relay_listeners(&config).await?);
+        let followed = follow::follow_until_writer(&link, &db, &me, &shutdown).await;
+        // The writer's own listeners take these ports next (or the next follow's relay).
+        relay.stop().await;
+        let promotion = match followed {
             Ok(Some(p)) => p,
             Ok(None) => return Ok(()),
             Err(e @ ClusterError::Replica(_)) => return Err(fatal(e)),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import socket
 import ssl
 import subprocess
@@ -27,6 +28,19 @@ def node_ip(name: str) -> str:
     return f"127.0.0.{int(name[-1]) + 1}"
 
 
+def c2d_inbox(client):
+    """Makes a device SDK client collect its C2D messages: returns the list of
+    (message id, body) it fills and an event set at each arrival."""
+    got, arrived = [], threading.Event()
+
+    def on_message(m):
+        got.append((m.message_id, m.data.decode()))
+        arrived.set()
+
+    client.on_message_received = on_message
+    return got, arrived
+
+
 class Cluster(Hub):
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -35,10 +49,15 @@ class Cluster(Hub):
         self.metrics_port = 9464
 
     # -- processes ---------------------------------------------------------------------------
-    def start(self, timeout: float = 240) -> "Cluster":
-        out = subprocess.run(["bash", SCRIPT, str(self.root)], capture_output=True, text=True, timeout=timeout)
+    def start(self, timeout: float = 240, seed: Path | None = None) -> "Cluster":
+        """Starts the cluster; with `seed` (a data directory outside any cluster) a new cluster
+        holding that directory's hub."""
+        args = ["--seed", str(seed)] if seed else []
+        out = subprocess.run(["bash", SCRIPT, *args, str(self.root)], capture_output=True, text=True, timeout=timeout)
         if out.returncode != 0:
-            raise RuntimeError(f"run-cluster.sh failed:\n{out.stdout}\n{out.stderr}\n{self.logs()}")
+            logs = self.logs()
+            self.stop()  # what did start (HAProxy, say) must not outlive the failure
+            raise RuntimeError(f"run-cluster.sh failed:\n{out.stdout}\n{out.stderr}\n{logs}")
         self.wait_for_writer()
         return self
 
@@ -148,6 +167,21 @@ class Cluster(Hub):
         while not self.node_has_device(node, device_id):
             assert time.time() < deadline, f"{node}'s replica never got {device_id}\n{self.logs()}"
             time.sleep(0.2)
+
+    # -- one node's own address (a follower forwards to the writer) ---------------------------
+    def node_request(self, node: str, method: str, path: str, token: str | None = None, **kw) -> requests.Response:
+        """A REST call to `node`'s own address instead of the balancer's."""
+        headers = dict(kw.pop("headers", {}))
+        if token is not None:
+            headers["Authorization"] = token
+        sep = "&" if "?" in path else "?"
+        url = f"https://{node_ip(node)}:443{path}{sep}api-version=2021-04-12"
+        return requests.request(method, url, headers=headers, verify=self.ca, timeout=30, **kw)
+
+    def device_connection_string_via(self, node: str, device_id: str) -> str:
+        """A device connection string whose client connects to `node` (IoT Edge's
+        `GatewayHostName`: the SDK connects there and still signs for the hub's host name)."""
+        return self.device_connection_string(device_id) + f";GatewayHostName={node_ip(node)}"
 
     # -- overrides of Hub for the cluster's addresses ----------------------------------------
     @property

@@ -43,7 +43,7 @@ use crate::error::StorageError;
 const MAX_GROUP: usize = 1024;
 /// With a commit log, a group ends once it holds this many bytes (a lone larger batch still
 /// goes alone): the log's messages are bounded (the cluster's NATS servers take 8 MiB).
-const MAX_LOG_ENTRY_BYTES: usize = 4 << 20;
+pub(crate) const MAX_LOG_ENTRY_BYTES: usize = 4 << 20;
 /// Waiting batches beyond this make `commit` block: backpressure instead of unbounded memory.
 /// Async callers take an admission permit first (see the server's store handle), so they wait
 /// without blocking a thread; this bound is the last line.

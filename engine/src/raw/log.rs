@@ -131,6 +131,64 @@ fn decode_into(raw: &Raw, entry: &[u8], wb: &mut WriteBatch) -> Result<(), Stora
 }
 
 impl Raw {
+    /// Encodes the whole database as log entries of puts, each at most about `max_entry_bytes`
+    /// (a record larger than that is an entry alone), column family by column family in key
+    /// order, and hands each to `each`; the applied-sequence key is left out. Applied in order
+    /// to an empty database they rebuild this one: how a hub served or restored as a single
+    /// node seeds a new cluster's log. Reads a consistent snapshot.
+    ///
+    /// # Errors
+    /// RocksDB's failure, or the first error of `each` (nothing more is read after it).
+    pub(crate) fn seed_log_entries<E: From<StorageError>>(
+        &self,
+        max_entry_bytes: usize,
+        mut each: impl FnMut(Vec<u8>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let snapshot = self.db.snapshot();
+        let mut entry = entry_header(max_entry_bytes);
+        for name in cf::ALL {
+            let handle = self.handle(name)?;
+            let mut ro = rocksdb::ReadOptions::default();
+            ro.set_snapshot(&snapshot);
+            let mut it = self.db.raw_iterator_cf_opt(handle, ro);
+            it.seek_to_first();
+            while it.valid() {
+                let (Some(key), Some(value)) = (it.key(), it.value()) else {
+                    break;
+                };
+                if !(name == cf::META && key == APPLIED_KEY) {
+                    let op_len = 2 + name.len() + 8 + key.len() + value.len();
+                    if entry.len() > 1 && entry.len() + op_len > max_entry_bytes {
+                        each(std::mem::replace(&mut entry, entry_header(max_entry_bytes)))?;
+                    }
+                    entry.push(PUT);
+                    entry.push(name.len() as u8);
+                    entry.extend_from_slice(name.as_bytes());
+                    push_bytes(&mut entry, key);
+                    push_bytes(&mut entry, value);
+                }
+                it.next();
+            }
+            it.status().map_err(|e| E::from(super::backend(e)))?;
+        }
+        if entry.len() > 1 {
+            each(entry)?;
+        }
+        Ok(())
+    }
+
+    /// Records that this database holds the log up to `seq` (synced): the end of a seed.
+    ///
+    /// # Errors
+    /// RocksDB's failure.
+    pub(crate) fn mark_applied(&self, seq: u64) -> Result<(), StorageError> {
+        let mut wb = WriteBatch::default();
+        wb.put_cf(self.handle(cf::META)?, APPLIED_KEY, record::encode(&seq));
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db.write_opt(wb, &wo).map_err(super::backend)
+    }
+
     /// The last log sequence this database applied; 0 when it applied none.
     pub(crate) fn applied_log_sequence(&self) -> Result<u64, StorageError> {
         Ok(self.get_record::<u64>(cf::META, APPLIED_KEY)?.unwrap_or(0))

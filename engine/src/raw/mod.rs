@@ -28,6 +28,7 @@ pub use commit::CommitCallback;
 pub use commit::CommitStats;
 use commit::Committer;
 pub(crate) use commit::Ticket;
+pub(crate) use commit::MAX_LOG_ENTRY_BYTES;
 pub use commit::{CommitHold, DEFAULT_QUEUE_DEPTH, LAG_NAP, LAG_SYNC_WITHIN};
 pub use log::{CommitLog, LogError};
 

@@ -17,7 +17,7 @@ use ferrohub_engine::{OpenError, Replica};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::lease::{Renewal, WriterLease};
+use super::lease::{Holder, Renewal, WriterLease};
 use super::link::LOG_STREAM;
 use super::{ClusterError, Link};
 
@@ -85,6 +85,7 @@ async fn open_reader(link: &Link, start: u64) -> Result<pull::Ordered, ClusterEr
 pub async fn follow_until_writer(
     link: &Link,
     db: &Path,
+    me: &Holder,
     shutdown: &CancellationToken,
 ) -> Result<Option<Promotion>, ClusterError> {
     let Some(replica) = open_replica(db, shutdown).await? else {
@@ -92,11 +93,8 @@ pub async fn follow_until_writer(
     };
     let replica_err = |e: ferrohub_engine::StorageError| ClusterError::Replica(e.to_string());
     if replica.holds_a_hub_outside_the_log().map_err(replica_err)? {
-        return Err(ClusterError::Replica(format!(
-            "{} holds a hub that was served or restored as a single node; its state is in no \
-             commit log, so it cannot join a cluster (start cluster nodes on empty directories)",
-            db.display()
-        )));
+        // Only a new cluster's empty log takes it (see `seed`).
+        return super::seed::seed_new_cluster(link, replica, me, shutdown).await;
     }
     let mut applied = replica.applied_sequence().map_err(replica_err)?;
     tracing::info!(node = %link.section.node, applied, "following the commit log");
@@ -131,7 +129,7 @@ pub async fn follow_until_writer(
                 }
                 match lease.as_mut() {
                 None => {
-                    if let Some(taken) = WriterLease::try_acquire(link).await? {
+                    if let Some(taken) = WriterLease::try_acquire(link, me).await? {
                         target = link.log_end().await?;
                         tracing::info!(applied, log_end = target, "took the writer lease; catching up");
                         lease = Some(taken);

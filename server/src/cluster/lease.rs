@@ -7,6 +7,7 @@
 //!   both succeed.
 //! - The holder renews at a third of the lease time, also by revision; a renewal refused for
 //!   its revision means someone else took the lease, and the holder must stop writing at once.
+//! - The value names the holder and its advertised listeners ([`Holder`]).
 //! - The lease is advisory: the log's fence, not the lease, keeps a deposed writer from
 //!   writing (see [`super::log`]).
 
@@ -14,14 +15,51 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv::{self, UpdateErrorKind};
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
 use super::{ClusterError, Link};
 
 pub const LEASE_KEY: &str = "writer";
 
+/// The lease's value: who holds it, and where its listeners are, so followers can forward
+/// the connections they accept (see [`super::relay`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    pub node: String,
+    pub host: String,
+    pub https: u16,
+    pub mqtt: u16,
+    pub amqp: u16,
+}
+
+impl Holder {
+    fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).expect("a holder serialises"))
+    }
+
+    /// The holder a lease value names; `None` for a value this version cannot read.
+    pub fn decode(value: &[u8]) -> Option<Holder> {
+        serde_json::from_slice(value).ok()
+    }
+}
+
+/// The current holder of the lease, if any.
+///
+/// # Errors
+/// NATS unreachable.
+pub async fn current_holder(link: &Link) -> Result<Option<Holder>, ClusterError> {
+    match link.lease.entry(LEASE_KEY).await {
+        Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
+            Ok(Holder::decode(&entry.value))
+        }
+        Ok(_) => Ok(None),
+        Err(e) => Err(ClusterError::nats("reading the writer lease", e)),
+    }
+}
+
 pub struct WriterLease {
     bucket: kv::Store,
-    node: String,
+    value: Bytes,
     revision: u64,
     renewed: Instant,
     ttl: Duration,
@@ -42,19 +80,21 @@ impl WriterLease {
     ///
     /// # Errors
     /// NATS unreachable (nothing was taken).
-    pub async fn try_acquire(link: &Link) -> Result<Option<WriterLease>, ClusterError> {
-        let node = link.section.node.clone();
-        let value = Bytes::from(node.clone());
+    pub async fn try_acquire(
+        link: &Link,
+        me: &Holder,
+    ) -> Result<Option<WriterLease>, ClusterError> {
+        let value = me.encode();
         let taken = match link.lease.create(LEASE_KEY, value.clone()).await {
             Ok(revision) => Some(revision),
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
                 match link.lease.entry(LEASE_KEY).await {
                     Ok(Some(entry))
                         if entry.operation == kv::Operation::Put
-                            && entry.value.as_ref() == node.as_bytes() =>
+                            && Holder::decode(&entry.value).is_some_and(|h| h.node == me.node) =>
                     {
                         link.lease
-                            .update(LEASE_KEY, value, entry.revision)
+                            .update(LEASE_KEY, value.clone(), entry.revision)
                             .await
                             .ok()
                     }
@@ -66,7 +106,7 @@ impl WriterLease {
         };
         Ok(taken.map(|revision| WriterLease {
             bucket: link.lease.clone(),
-            node,
+            value,
             revision,
             renewed: Instant::now(),
             ttl: link.section.lease,
@@ -87,7 +127,7 @@ impl WriterLease {
         let asked = Instant::now();
         match self
             .bucket
-            .update(LEASE_KEY, Bytes::from(self.node.clone()), self.revision)
+            .update(LEASE_KEY, self.value.clone(), self.revision)
             .await
         {
             Ok(revision) => {

@@ -5,7 +5,8 @@
 //!
 //! # Invariants
 //! - Only the lease holder opens a writing [`ferrohub_engine::Store`]; every other node holds
-//!   a [`ferrohub_engine::Replica`] and applies the log, and serves no client.
+//!   a [`ferrohub_engine::Replica`] and applies the log, and forwards the client connections
+//!   it accepts to the writer ([`relay`]).
 //! - Two writers can never both extend the log: every append expects the sequence its writer
 //!   last saw ([`log::JetStreamLog`]), so a deposed writer's append is refused whatever the
 //!   lease says. The lease only decides who tries.
@@ -18,6 +19,8 @@ pub mod follow;
 pub mod lease;
 pub mod link;
 pub mod log;
+pub mod relay;
+pub mod seed;
 pub mod tls_share;
 pub mod writer;
 
@@ -39,5 +42,11 @@ pub enum ClusterError {
 impl ClusterError {
     pub(crate) fn nats(what: &str, e: impl std::fmt::Display) -> ClusterError {
         ClusterError::Nats(format!("{what}: {e}"))
+    }
+}
+
+impl From<ferrohub_engine::StorageError> for ClusterError {
+    fn from(e: ferrohub_engine::StorageError) -> Self {
+        ClusterError::Replica(e.to_string())
     }
 }

@@ -93,6 +93,10 @@ struct Args {
     quic_tail_probe: bool,
     #[arg(long, default_value_t = 443)]
     https_port: u16,
+    /// Open every connection to this address instead of `--host`, which still names the
+    /// certificate and the tokens' audience (one node of a cluster, say).
+    #[arg(long)]
+    connect_to: Option<String>,
     /// CA certificate (PEM) the broker's certificate chains to.
     #[arg(long)]
     ca: PathBuf,
@@ -354,6 +358,9 @@ async fn run_device(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Arc::new(Args::parse());
+    if let Some(address) = &args.connect_to {
+        ferrohub_bench::dial::connect_everything_to(address.clone());
+    }
     let tls = client::tls_connector(&args.ca)?;
     let ids: Vec<String> = (0..args.devices)
         .map(|i| format!("{}{i}", args.prefix))

@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod cluster;
+pub use cluster::ClusterSection;
+
 pub mod defaults {
     use std::time::Duration;
 
@@ -451,73 +454,6 @@ impl Default for ThrottlingSection {
     }
 }
 
-/// Cluster mode (docs/cluster.md): with NATS URLs the node joins a cluster whose hub lives in
-/// a replicated JetStream log; without (the default) it is a single node.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ClusterSection {
-    /// NATS servers of the cluster's JetStream (any subset; the client finds the rest).
-    pub nats: Vec<String>,
-    /// This node's name, unique in the cluster (it names the writer lease's holder).
-    pub node: String,
-    /// Replicas of the commit log and the lease: 3 tolerates the loss of one NATS server.
-    pub replicas: usize,
-    /// How long a writer's lease lasts unrenewed: the bound on failover after a writer dies.
-    #[serde(with = "humantime_serde")]
-    pub lease: Duration,
-    /// Names and addresses the shared server certificate covers besides the host name
-    /// (each node's address, so a client may also connect to a node directly).
-    pub certificate_names: Vec<String>,
-}
-
-impl Default for ClusterSection {
-    fn default() -> Self {
-        ClusterSection {
-            nats: Vec::new(),
-            node: String::new(),
-            replicas: 3,
-            lease: Duration::from_secs(5),
-            certificate_names: Vec::new(),
-        }
-    }
-}
-
-impl ClusterSection {
-    pub fn enabled(&self) -> bool {
-        !self.nats.is_empty()
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        if !self.enabled() {
-            return Ok(());
-        }
-        if self.node.is_empty()
-            || !self
-                .node
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            return Err(ConfigError::Invalid {
-                key: "cluster.node",
-                reason: "a cluster node needs a name of letters, digits, '-' and '_'".into(),
-            });
-        }
-        if !(1..=5).contains(&self.replicas) {
-            return Err(ConfigError::Invalid {
-                key: "cluster.replicas",
-                reason: "must be 1 to 5 (JetStream's limit)".into(),
-            });
-        }
-        if self.lease < Duration::from_secs(1) {
-            return Err(ConfigError::Invalid {
-                key: "cluster.lease",
-                reason: "must be at least 1s".into(),
-            });
-        }
-        Ok(())
-    }
-}
-
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -599,7 +535,7 @@ impl Config {
                 ),
             });
         }
-        self.cluster.validate()?;
+        self.cluster.validate(self.listeners.https)?;
         self.timeouts.validate()
     }
 }
@@ -673,7 +609,7 @@ mod tests {
 
     #[test]
     fn sample_config_parses() {
-        let sample = include_str!("../../docs/config.sample.toml");
+        let sample = include_str!("../../../docs/config.sample.toml");
         let c: Config = toml::from_str(sample).unwrap();
         assert_eq!(c.listeners.https.port(), 443);
         c.validate().unwrap();
@@ -681,37 +617,6 @@ mod tests {
             c.c2d.queue_settings(),
             ferrohub_engine::c2d::QueueSettings::default()
         );
-    }
-
-    #[test]
-    fn cluster_section() {
-        let c = Config::default();
-        assert!(!c.cluster.enabled(), "a single node by default");
-        let c: Config = toml::from_str(
-            "[cluster]\nnats = [\"nats://127.0.0.2:4222\"]\nnode = \"hub-1\"\nlease = \"5s\"\n",
-        )
-        .unwrap();
-        assert!(c.cluster.enabled());
-        assert_eq!(c.cluster.replicas, 3);
-        c.validate().unwrap();
-        for (text, key) in [
-            ("nats = [\"nats://a\"]", "cluster.node"),
-            ("nats = [\"nats://a\"]\nnode = \"a b\"", "cluster.node"),
-            (
-                "nats = [\"nats://a\"]\nnode = \"n\"\nreplicas = 7",
-                "cluster.replicas",
-            ),
-            (
-                "nats = [\"nats://a\"]\nnode = \"n\"\nlease = \"100ms\"",
-                "cluster.lease",
-            ),
-        ] {
-            let c: Config = toml::from_str(&format!("[cluster]\n{text}\n")).unwrap();
-            match c.validate() {
-                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
-                other => panic!("{text}: {other:?}"),
-            }
-        }
     }
 
     #[test]

@@ -1,0 +1,149 @@
+//! The `[cluster]` section: NATS servers, this node's name and address, the lease.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+/// Cluster mode (docs/cluster.md): with NATS URLs the node joins a cluster whose hub lives in
+/// a replicated JetStream log; without (the default) it is a single node.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSection {
+    /// NATS servers of the cluster's JetStream (any subset; the client finds the rest).
+    pub nats: Vec<String>,
+    /// This node's name, unique in the cluster (it names the writer lease's holder).
+    pub node: String,
+    /// Replicas of the commit log and the lease: 3 tolerates the loss of one NATS server.
+    pub replicas: usize,
+    /// How long a writer's lease lasts unrenewed: the bound on failover after a writer dies.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// Names and addresses the shared server certificate covers besides the host name
+    /// (each node's address, so a client may also connect to a node directly).
+    pub certificate_names: Vec<String>,
+    /// The address other nodes reach this node's listeners at, when it is the writer (a
+    /// follower forwards the connections it accepts there). Default: the HTTPS listener's
+    /// address, which must then not be unspecified.
+    pub advertise: Option<String>,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            nats: Vec::new(),
+            node: String::new(),
+            replicas: 3,
+            lease: Duration::from_secs(5),
+            certificate_names: Vec::new(),
+            advertise: None,
+        }
+    }
+}
+
+impl ClusterSection {
+    pub fn enabled(&self) -> bool {
+        !self.nats.is_empty()
+    }
+
+    /// The host other nodes reach this node at: `advertise`, or else the HTTPS listener's IP.
+    pub fn advertised_host(&self, https: std::net::SocketAddr) -> Option<String> {
+        match &self.advertise {
+            Some(a) => Some(a.clone()),
+            None if !https.ip().is_unspecified() => Some(https.ip().to_string()),
+            None => None,
+        }
+    }
+
+    pub(super) fn validate(&self, https: std::net::SocketAddr) -> Result<(), ConfigError> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        if self.node.is_empty()
+            || !self
+                .node
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(ConfigError::Invalid {
+                key: "cluster.node",
+                reason: "a cluster node needs a name of letters, digits, '-' and '_'".into(),
+            });
+        }
+        if !(1..=5).contains(&self.replicas) {
+            return Err(ConfigError::Invalid {
+                key: "cluster.replicas",
+                reason: "must be 1 to 5 (JetStream's limit)".into(),
+            });
+        }
+        if self.lease < Duration::from_secs(1) {
+            return Err(ConfigError::Invalid {
+                key: "cluster.lease",
+                reason: "must be at least 1s".into(),
+            });
+        }
+        if self.advertised_host(https).is_none_or(|h| h.is_empty()) {
+            return Err(ConfigError::Invalid {
+                key: "cluster.advertise",
+                reason: "the HTTPS listener listens on every address: say which one other \
+                         nodes reach this node at"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Config, ConfigError};
+
+    #[test]
+    fn cluster_section() {
+        let c = Config::default();
+        assert!(!c.cluster.enabled(), "a single node by default");
+        let c: Config = toml::from_str(
+            "[cluster]\nnats = [\"nats://127.0.0.2:4222\"]\nnode = \"hub-1\"\nlease = \"5s\"\n",
+        )
+        .unwrap();
+        assert!(c.cluster.enabled());
+        assert_eq!(c.cluster.replicas, 3);
+        // The default HTTPS listener is [::]:443: other nodes need an address.
+        assert_eq!(c.cluster.advertised_host(c.listeners.https), None);
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::Invalid {
+                key: "cluster.advertise",
+                ..
+            })
+        ));
+        let c: Config = toml::from_str(
+            "[cluster]\nnats = [\"nats://a\"]\nnode = \"n\"\n[listeners]\nhttps = \"10.0.0.7:443\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.cluster.advertised_host(c.listeners.https).as_deref(),
+            Some("10.0.0.7")
+        );
+        for (text, key) in [
+            ("nats = [\"nats://a\"]", "cluster.node"),
+            ("nats = [\"nats://a\"]\nnode = \"a b\"", "cluster.node"),
+            (
+                "nats = [\"nats://a\"]\nnode = \"n\"\nreplicas = 7",
+                "cluster.replicas",
+            ),
+            (
+                "nats = [\"nats://a\"]\nnode = \"n\"\nlease = \"100ms\"",
+                "cluster.lease",
+            ),
+            ("nats = [\"nats://a\"]\nnode = \"n\"\nadvertise = \"\"", "cluster.advertise"),
+        ] {
+            let c: Config = toml::from_str(&format!("[cluster]\n{text}\n")).unwrap();
+            match c.validate() {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+}
