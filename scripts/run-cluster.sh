@@ -13,6 +13,7 @@
 #   scripts/run-cluster.sh --start NAME DIR  (re)start one process: nats1..3, hub1..3, haproxy
 #   scripts/run-cluster.sh --writer DIR    print the name of the node serving as the writer
 #
+# FERROHUB_CLUSTER_EXTRA holds more [cluster] lines for every node (kept for later --start).
 # PIDs go to DIR/pids/<name>.pid, logs to DIR/logs/, the CA to DIR/tls/ca.pem; the hub's
 # connection strings are printed (and kept in DIR/connection-strings.txt).
 # Needs the built hub (scripts/run-hub.sh or the test command builds it) and root for the
@@ -27,7 +28,11 @@ ip_of() {
     echo "127.0.0.$((n + 1))"
 }
 
-pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# A process that exited but was not reaped (a zombie: its starter exited first) is not alive.
+pid_alive() {
+    [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null &&
+        [ "$(awk '{print $3}' "/proc/$(cat "$1")/stat" 2>/dev/null)" != Z ]
+}
 
 # Waits up to $2 seconds for a TCP port ($1 = host:port) to accept.
 wait_port() {
@@ -83,6 +88,8 @@ nats = ["nats://127.0.0.2:4222", "nats://127.0.0.3:4222", "nats://127.0.0.4:4222
 node = "hub$n"
 certificate_names = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 EOF
+    # More [cluster] settings for every node (FERROHUB_CLUSTER_EXTRA at the first start).
+    if [ -f "$DIR/conf/cluster-extra.toml" ]; then cat "$DIR/conf/cluster-extra.toml"; fi
 }
 
 haproxy_config() {
@@ -207,6 +214,7 @@ if [ ! -x "$FERROHUB_BIN" ]; then
     exit 1
 fi
 mkdir -p "$DIR/pids" "$DIR/logs" "$DIR/conf" "$DIR/tls"
+if [ -n "${FERROHUB_CLUSTER_EXTRA:-}" ]; then printf '%s\n' "$FERROHUB_CLUSTER_EXTRA" >"$DIR/conf/cluster-extra.toml"; fi
 for n in 1 2 3; do start_one "nats$n"; done
 for n in 1 2 3; do wait_port "$(ip_of "nats$n"):4222" 30; done
 if [ -n "$SEED" ]; then

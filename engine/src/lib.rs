@@ -301,6 +301,15 @@ impl Store {
         self.raw.applied_log_sequence()
     }
 
+    /// [`Store::applied_log_sequence`], once everything up to it is synced to disk: how far
+    /// this node may tell the cluster it holds the log (entries before it may be trimmed).
+    ///
+    /// # Errors
+    /// [`StorageError`] when the record cannot be read or the sync fails.
+    pub fn synced_applied_log_sequence(&self) -> Result<u64, StorageError> {
+        self.raw.synced_applied_log_sequence()
+    }
+
     /// How many batches may wait for the committer before a submit blocks its thread. Async
     /// callers admit at most this many writes at once, so they wait without blocking one.
     /// A consistent copy of the whole database in `dir` (a full backup: queues and partitions

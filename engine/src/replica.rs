@@ -42,6 +42,15 @@ impl Replica {
         self.raw.applied_log_sequence()
     }
 
+    /// [`Replica::applied_sequence`], once everything up to it is synced to disk (entries are
+    /// applied unsynced): how far this node may tell the cluster it holds the log.
+    ///
+    /// # Errors
+    /// [`StorageError`] when the record cannot be read or the sync fails.
+    pub fn synced_applied_sequence(&self) -> Result<u64, StorageError> {
+        self.raw.synced_applied_log_sequence()
+    }
+
     /// Whether the database holds a hub that did not come from a cluster's log (one served or
     /// restored as a single node): its contents are in no log, so it cannot join one.
     ///

@@ -153,7 +153,9 @@ fn a_single_nodes_hub_seeds_an_empty_log_that_rebuilds_it_elsewhere() {
                 )
                 .unwrap();
         }
-        store.delete_device("d8", &IfMatch::Any, common::T0).unwrap();
+        store
+            .delete_device("d8", &IfMatch::Any, common::T0)
+            .unwrap();
     }
     let seeded = Replica::open(single.path()).unwrap();
     assert!(seeded.holds_a_hub_outside_the_log().unwrap());

@@ -355,7 +355,9 @@ async fn serve_cluster(
     config: Config,
     shutdown: CancellationToken,
 ) -> Result<(), NodeError> {
-    use crate::cluster::{follow, log::JetStreamLog, relay, tls_share, writer, ClusterError, Link};
+    use crate::cluster::{
+        follow, log::JetStreamLog, relay, tls_share, trim, writer, ClusterError, Link,
+    };
     let fatal = |e: ClusterError| NodeError::Other(format!("cluster: {e}"));
     let Some(link) = Link::connect(&config.cluster, &shutdown)
         .await
@@ -426,6 +428,11 @@ async fn serve_cluster(
         };
         let stop = shutdown.child_token();
         let keeper = tokio::spawn(writer::hold(promotion.lease, log, stop.clone()));
+        let trimmer = tokio::spawn(trim::run_on_writer(
+            link.clone(),
+            Arc::downgrade(&store),
+            stop.clone(),
+        ));
         tracing::info!(node = %config.cluster.node, log_end = promotion.caught_up_to, "serving as the cluster's writer");
         let opened = Opened {
             store,
@@ -436,6 +443,7 @@ async fn serve_cluster(
         };
         let served = serve_store(data_dir, &config, opened, stop.clone()).await;
         stop.cancel();
+        let _ = trimmer.await;
         let lease = keeper.await.ok().flatten();
         if let Some(lease) = lease {
             lease.release().await;

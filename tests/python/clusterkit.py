@@ -49,11 +49,13 @@ class Cluster(Hub):
         self.metrics_port = 9464
 
     # -- processes ---------------------------------------------------------------------------
-    def start(self, timeout: float = 240, seed: Path | None = None) -> "Cluster":
+    def start(self, timeout: float = 240, seed: Path | None = None, cluster_config: str = "") -> "Cluster":
         """Starts the cluster; with `seed` (a data directory outside any cluster) a new cluster
-        holding that directory's hub."""
+        holding that directory's hub; `cluster_config`: more `[cluster]` lines for every node."""
         args = ["--seed", str(seed)] if seed else []
-        out = subprocess.run(["bash", SCRIPT, *args, str(self.root)], capture_output=True, text=True, timeout=timeout)
+        env = {**os.environ, "FERROHUB_CLUSTER_EXTRA": cluster_config}
+        out = subprocess.run(["bash", SCRIPT, *args, str(self.root)], capture_output=True, text=True,
+                             timeout=timeout, env=env)
         if out.returncode != 0:
             logs = self.logs()
             self.stop()  # what did start (HAProxy, say) must not outlive the failure

@@ -194,6 +194,14 @@ impl Raw {
         Ok(self.get_record::<u64>(cf::META, APPLIED_KEY)?.unwrap_or(0))
     }
 
+    /// The last log sequence applied, after a sync of the write-ahead log: read first, so
+    /// everything up to it is in the log the sync makes durable.
+    pub(crate) fn synced_applied_log_sequence(&self) -> Result<u64, StorageError> {
+        let applied = self.applied_log_sequence()?;
+        self.db.flush_wal(true).map_err(super::backend)?;
+        Ok(applied)
+    }
+
     /// Applies the log entry `seq`: its operations and the new applied sequence in one write.
     /// Returns false (and writes nothing) for an entry already applied. Not synced: the log
     /// holds the entry, and a replica that loses its tail in a power loss applies it again.

@@ -17,15 +17,9 @@ use ferrohub_engine::{OpenError, Replica};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::lease::{Holder, Renewal, WriterLease};
+use super::lease::{Holder, Promotion, Renewal, WriterLease};
 use super::link::LOG_STREAM;
 use super::{ClusterError, Link};
-
-/// The lease taken, and the log sequence the replica caught up to.
-pub struct Promotion {
-    pub lease: WriterLease,
-    pub caught_up_to: u64,
-}
 
 /// Opens the replica, waiting while an earlier handle of this process (the store of a writer
 /// that just stepped down) still holds the database.
@@ -50,6 +44,21 @@ async fn open_replica(
         "{} stayed in use for 30 s",
         db.display()
     )))
+}
+
+/// Tells the cluster how far this replica holds the log on disk (see [`super::trim`]); a
+/// failure only delays trimming.
+async fn report_progress(link: &Link, replica: &Arc<Replica>) {
+    let replica = Arc::clone(replica);
+    match tokio::task::spawn_blocking(move || replica.synced_applied_sequence()).await {
+        Ok(Ok(applied)) => {
+            if let Err(e) = super::trim::report(link, applied).await {
+                tracing::debug!(error = %e, "cannot report this node's progress");
+            }
+        }
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot sync the replica"),
+        Err(e) => tracing::warn!(error = %e, "cannot sync the replica"),
+    }
 }
 
 /// How long the log reader may stay quiet while the log holds more before it is started again.
@@ -97,6 +106,7 @@ pub async fn follow_until_writer(
         return super::seed::seed_new_cluster(link, replica, me, shutdown).await;
     }
     let mut applied = replica.applied_sequence().map_err(replica_err)?;
+    super::trim::check_can_follow(link, applied).await?;
     tracing::info!(node = %link.section.node, applied, "following the commit log");
     let mut entries = open_reader(link, applied + 1).await?;
     let mut last_entry = Instant::now();
@@ -123,10 +133,12 @@ pub async fn follow_until_writer(
                 // An ordered consumer notices a lost server only after missing two idle
                 // heartbeats (30 s): a reader quiet while the log has more is started again.
                 if last_entry.elapsed() >= STALL && link.log_end().await? > applied {
+                    super::trim::check_can_follow(link, applied).await?;
                     tracing::info!(applied, "the commit log reader stalled; reading again");
                     entries = open_reader(link, applied + 1).await?;
                     last_entry = Instant::now();
                 }
+                report_progress(link, &replica).await;
                 match lease.as_mut() {
                 None => {
                     if let Some(taken) = WriterLease::try_acquire(link, me).await? {

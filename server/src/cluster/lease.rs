@@ -57,6 +57,12 @@ pub async fn current_holder(link: &Link) -> Result<Option<Holder>, ClusterError>
     }
 }
 
+/// The lease taken, and the log sequence this node's replica caught up to (or seeded).
+pub struct Promotion {
+    pub lease: WriterLease,
+    pub caught_up_to: u64,
+}
+
 pub struct WriterLease {
     bucket: kv::Store,
     value: Bytes,

@@ -22,6 +22,8 @@ pub const LOG_SUBJECT: &str = "ferrohub.log";
 pub const LEASE_BUCKET: &str = "FERROHUB_LEASE";
 /// The bucket holding the TLS material every node serves with.
 pub const TLS_BUCKET: &str = "FERROHUB_TLS";
+/// The bucket where each node says how far its replica holds the log (see [`super::trim`]).
+pub const NODES_BUCKET: &str = "FERROHUB_NODES";
 /// The largest log entry the stream takes; the engine keeps groups under half of it.
 const MAX_ENTRY_BYTES: i32 = 8 << 20;
 
@@ -34,6 +36,7 @@ pub struct Link {
     pub js: jetstream::Context,
     pub lease: kv::Store,
     pub tls: kv::Store,
+    pub nodes: kv::Store,
     pub section: ClusterSection,
 }
 
@@ -87,12 +90,13 @@ impl Link {
         let js = jetstream::new(client.clone());
         loop {
             match Self::objects(&js, section).await {
-                Ok((lease, tls)) => {
+                Ok((lease, tls, nodes)) => {
                     return Ok(Some(Link {
                         client,
                         js,
                         lease,
                         tls,
+                        nodes,
                         section: section.clone(),
                     }))
                 }
@@ -111,7 +115,7 @@ impl Link {
     async fn objects(
         js: &jetstream::Context,
         section: &ClusterSection,
-    ) -> Result<(kv::Store, kv::Store), ClusterError> {
+    ) -> Result<(kv::Store, kv::Store, kv::Store), ClusterError> {
         js.get_or_create_stream(stream::Config {
             name: LOG_STREAM.into(),
             subjects: vec![LOG_SUBJECT.into()],
@@ -134,18 +138,24 @@ impl Link {
             },
         )
         .await?;
-        let tls = bucket(
-            js,
-            kv::Config {
-                bucket: TLS_BUCKET.into(),
-                history: 1,
-                num_replicas: section.replicas,
-                storage: stream::StorageType::File,
-                ..Default::default()
-            },
-        )
-        .await?;
-        Ok((lease, tls))
+        // Values that last until replaced: one each, on disk, replicated like the log.
+        let lasting = |name: &str| kv::Config {
+            bucket: name.into(),
+            history: 1,
+            num_replicas: section.replicas,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        };
+        let tls = bucket(js, lasting(TLS_BUCKET)).await?;
+        let nodes = bucket(js, lasting(NODES_BUCKET)).await?;
+        Ok((lease, tls, nodes))
+    }
+
+    async fn log_stream(&self) -> Result<jetstream::stream::Stream, ClusterError> {
+        self.js
+            .get_stream(LOG_STREAM)
+            .await
+            .map_err(|e| ClusterError::nats("the commit log stream", e))
     }
 
     /// The log's last sequence (0 when empty), as JetStream's stream leader sees it.
@@ -153,16 +163,36 @@ impl Link {
     /// # Errors
     /// NATS unreachable, or the stream without a leader.
     pub async fn log_end(&self) -> Result<u64, ClusterError> {
-        let stream = self
-            .js
-            .get_stream(LOG_STREAM)
-            .await
-            .map_err(|e| ClusterError::nats("the commit log stream", e))?;
-        let info = stream
+        Ok(self.log_span().await?.1)
+    }
+
+    /// The log's first and last sequences as JetStream's stream leader sees them: entries
+    /// before the first were trimmed (after a trim of everything, first = last + 1).
+    ///
+    /// # Errors
+    /// NATS unreachable, or the stream without a leader.
+    pub async fn log_span(&self) -> Result<(u64, u64), ClusterError> {
+        let info = self
+            .log_stream()
+            .await?
             .get_info()
             .await
             .map_err(|e| ClusterError::nats("the commit log's state", e))?;
-        Ok(info.state.last_sequence)
+        Ok((info.state.first_sequence, info.state.last_sequence))
+    }
+
+    /// Drops the log's entries up to and including `through`.
+    ///
+    /// # Errors
+    /// NATS unreachable, or the stream without a leader.
+    pub async fn trim_log_through(&self, through: u64) -> Result<(), ClusterError> {
+        self.log_stream()
+            .await?
+            .purge()
+            .sequence(through + 1)
+            .await
+            .map_err(|e| ClusterError::nats("trimming the commit log", e))?;
+        Ok(())
     }
 }
 

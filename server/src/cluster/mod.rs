@@ -14,6 +14,7 @@
 //!   committer); it steps down once it can reach the log again, and follows it from what its
 //!   replica holds.
 //! - Every node serves with the same TLS material, shared through the cluster ([`tls_share`]).
+//! - The log keeps every entry some node heard from recently may still need ([`trim`]).
 
 pub mod follow;
 pub mod lease;
@@ -22,6 +23,7 @@ pub mod log;
 pub mod relay;
 pub mod seed;
 pub mod tls_share;
+pub mod trim;
 pub mod writer;
 
 pub use link::Link;

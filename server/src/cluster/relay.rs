@@ -6,7 +6,8 @@
 //!
 //! # Invariants
 //! - A connection is forwarded to the holder the lease named at most [`HOLDER_FRESH`] ago;
-//!   when that connect fails the lease is read again and the connect tried once more. A node
+//!   when that connect fails the lease is read again and the connect tried once more. While
+//!   the lease cannot be read (NATS without a majority), the holder last read stands. A node
 //!   that finds itself named (it took the lease and is catching up) forwards nothing: the
 //!   client's connection is closed and its SDK retries, by which time the node listens itself.
 //! - Forwarded connections outlive the listeners: stopping the relay (the node is about to
@@ -69,9 +70,11 @@ impl WriterCache {
         }
         let read = match current_holder(&self.link).await {
             Ok(h) => h,
+            // NATS without a majority: the writer it named last still serves (reads, and
+            // writes refused with 503), so keep sending clients there.
             Err(e) => {
                 tracing::debug!(error = %e, "relay: cannot read the writer lease");
-                None
+                self.last.lock().as_ref().and_then(|(_, h)| h.clone())
             }
         };
         *self.last.lock() = Some((Instant::now(), read.clone()));

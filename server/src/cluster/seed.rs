@@ -18,8 +18,7 @@ use std::sync::Arc;
 use ferrohub_engine::{CommitLog, Replica};
 use tokio_util::sync::CancellationToken;
 
-use super::follow::Promotion;
-use super::lease::{Holder, Renewal, WriterLease};
+use super::lease::{Holder, Promotion, Renewal, WriterLease};
 use super::log::JetStreamLog;
 use super::{ClusterError, Link};
 

@@ -27,6 +27,14 @@ pub struct ClusterSection {
     /// follower forwards the connections it accepts there). Default: the HTTPS listener's
     /// address, which must then not be unspecified.
     pub advertise: Option<String>,
+    /// How often the writer drops the log entries every node holds (docs/cluster.md).
+    #[serde(with = "humantime_serde")]
+    pub log_trim_interval: Duration,
+    /// How long the log keeps every entry, and how long a node that stopped saying how far it
+    /// holds the log still holds trimming back; a node away longer restarts from another
+    /// node's backup. The NATS servers' disks hold this long of writes.
+    #[serde(with = "humantime_serde")]
+    pub log_keeps_absent_nodes_for: Duration,
 }
 
 impl Default for ClusterSection {
@@ -38,6 +46,8 @@ impl Default for ClusterSection {
             lease: Duration::from_secs(5),
             certificate_names: Vec::new(),
             advertise: None,
+            log_trim_interval: Duration::from_secs(60),
+            log_keeps_absent_nodes_for: Duration::from_secs(3600),
         }
     }
 }
@@ -77,11 +87,20 @@ impl ClusterSection {
                 reason: "must be 1 to 5 (JetStream's limit)".into(),
             });
         }
-        if self.lease < Duration::from_secs(1) {
-            return Err(ConfigError::Invalid {
-                key: "cluster.lease",
-                reason: "must be at least 1s".into(),
-            });
+        for (key, value) in [
+            ("cluster.lease", self.lease),
+            ("cluster.log_trim_interval", self.log_trim_interval),
+            (
+                "cluster.log_keeps_absent_nodes_for",
+                self.log_keeps_absent_nodes_for,
+            ),
+        ] {
+            if value < Duration::from_secs(1) {
+                return Err(ConfigError::Invalid {
+                    key,
+                    reason: "must be at least 1s".into(),
+                });
+            }
         }
         if self.advertised_host(https).is_none_or(|h| h.is_empty()) {
             return Err(ConfigError::Invalid {
@@ -137,7 +156,14 @@ mod tests {
                 "nats = [\"nats://a\"]\nnode = \"n\"\nlease = \"100ms\"",
                 "cluster.lease",
             ),
-            ("nats = [\"nats://a\"]\nnode = \"n\"\nadvertise = \"\"", "cluster.advertise"),
+            (
+                "nats = [\"nats://a\"]\nnode = \"n\"\nadvertise = \"\"",
+                "cluster.advertise",
+            ),
+            (
+                "nats = [\"nats://a\"]\nnode = \"n\"\nlog_trim_interval = \"0s\"",
+                "cluster.log_trim_interval",
+            ),
         ] {
             let c: Config = toml::from_str(&format!("[cluster]\n{text}\n")).unwrap();
             match c.validate() {
