@@ -1,8 +1,8 @@
 """CLU: a three-node cluster on a three-server NATS JetStream cluster, behind HAProxy on the
 SDKs' fixed ports (scripts/run-cluster.sh): the official SDKs work through it unchanged, every
 node's replica follows the writer, and the hub survives SIGKILL of the writer node and of a NATS
-server with nothing acknowledged lost; with two NATS servers down writes are refused with 503
-and nothing is corrupted, and service resumes when they return.
+server with nothing acknowledged lost; with two NATS servers down writes are refused (REST 503,
+CONNACK 3) and nothing is corrupted, and service resumes when they return.
 
 One cluster for the module (fixed ports); the tests run in order and each leaves every process
 running again."""
@@ -20,6 +20,7 @@ from azure.iot.hub.models import CloudToDeviceMethod, Twin
 import ehkit
 from clusterkit import Cluster
 from hubkit import Hub, binary
+from mqttraw import RawMqtt
 
 WAIT = 30
 
@@ -168,6 +169,15 @@ def test_two_nats_servers_down_refuse_writes_then_recover(cluster):
         assert "ServiceUnavailable" in r.text, r.text
         # Reads are still served from the writer's replica.
         assert cluster.request("GET", "/devices/before-kill", cluster.token()).status_code == 200
+        # A device connecting now (its connection state is a write) is refused as IoT Hub
+        # refuses one it cannot serve: CONNACK 3, server unavailable.
+        device = RawMqtt(8883, cluster.ca)
+        try:
+            _, rc = device.connect("before-kill", "localhost/before-kill/?api-version=2021-04-12",
+                                   cluster.device_token("before-kill"))
+            assert rc == 3, f"CONNACK {rc}"
+        finally:
+            device.close()
     finally:
         cluster.start_node("nats2")
         cluster.start_node("nats3")

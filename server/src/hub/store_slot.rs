@@ -37,10 +37,14 @@ impl StoreSlot {
         self.store.try_read()?.clone()
     }
 
-    /// Whether writes are refused: the store is poisoned, read-only, or missing.
+    /// Whether writes are refused: the store is poisoned, read-only, missing, or being
+    /// replaced. Never waits (callers include connection handshakes on runtime threads).
     pub fn refuses_writes(&self) -> bool {
         self.read_only.load(Ordering::Acquire)
-            || self.store.read().as_ref().is_none_or(|s| s.is_poisoned())
+            || self
+                .store
+                .try_read()
+                .is_none_or(|g| g.as_ref().is_none_or(|s| s.is_poisoned()))
     }
 
     /// Exclusive access for replacing the store (storage recovery only).

@@ -62,8 +62,8 @@ where
             return None;
         }
     };
-    // A wrong protocol version, or the device-connection throttle (THR-1): a throttled CONNECT
-    // is CONNACK 3, which the SDKs retry with back-off.
+    // A wrong protocol version, the device-connection throttle (THR-1), or a hub that cannot
+    // write: a throttled or unserved CONNECT is CONNACK 3, which the SDKs retry with back-off.
     let refusal = if connect.protocol_level() != ProtocolLevel::Version311
         || connect.protocol_name() != "MQTT"
     {
@@ -74,6 +74,11 @@ where
         .await
     {
         tracing::info!(peer = %peer.addr, client_id = connect.client_identifier(), retry_after = ?t.retry_after, "CONNECT throttled");
+        Some(ConnectReturnCode::ServiceUnavailable)
+    } else if ctx.store.is_poisoned() {
+        // The hub cannot write (a failed durable write; in a cluster, the log unreachable): a
+        // session would fail at its first message, so refuse it now, retryably.
+        tracing::info!(peer = %peer.addr, client_id = connect.client_identifier(), "CONNECT refused: writes are failing");
         Some(ConnectReturnCode::ServiceUnavailable)
     } else {
         None
