@@ -6,8 +6,9 @@
 //!
 //! # Invariants
 //! - A connection is forwarded to the holder the lease named at most [`HOLDER_FRESH`] ago;
-//!   when that connect fails the lease is read again and the connect tried once more. While
-//!   the lease cannot be read (NATS without a majority), the holder last read stands. A node
+//!   when that connect fails the lease is read again and the connect tried once more. Until
+//!   the lease names another holder (it may name none, or be unreadable, while NATS has no
+//!   majority), the holder last read stands. A node
 //!   that finds itself named (it took the lease and is catching up) forwards nothing: the
 //!   client's connection is closed and its SDK retries, by which time the node listens itself.
 //! - Forwarded connections outlive the listeners: stopping the relay (the node is about to
@@ -69,11 +70,15 @@ impl WriterCache {
             }
         }
         let read = match current_holder(&self.link).await {
-            Ok(h) => h,
-            // NATS without a majority: the writer it named last still serves (reads, and
-            // writes refused with 503), so keep sending clients there.
-            Err(e) => {
-                tracing::debug!(error = %e, "relay: cannot read the writer lease");
+            Ok(Some(h)) => Some(h),
+            // No holder named (the lease expired on a replica that cannot reach a majority, or
+            // a writer released it), or NATS without a majority: the writer named last may
+            // still serve (reads, and writes refused with 503), so keep sending clients there
+            // until another is named.
+            other => {
+                if let Err(e) = other {
+                    tracing::debug!(error = %e, "relay: cannot read the writer lease");
+                }
                 self.last.lock().as_ref().and_then(|(_, h)| h.clone())
             }
         };
