@@ -60,6 +60,10 @@ pub struct HubSettings {
     pub host_name: String,
     pub policies: Vec<SharedAccessPolicy>,
     pub created: UnixMillis,
+    /// The provisioning service's ID scope and policies (DPS-5). `None` only in hubs
+    /// initialised before provisioning existed, until their next start adds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioning: Option<crate::provisioning::ProvisioningSettings>,
 }
 
 impl HubSettings {

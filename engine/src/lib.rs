@@ -51,6 +51,7 @@ pub mod jobs;
 mod keys;
 pub mod model;
 pub mod notifications;
+pub mod provisioning;
 mod raw;
 pub mod replica;
 pub mod routing;
@@ -140,6 +141,7 @@ pub struct Store {
     /// Serialises scheduled-job creation and changes (see `scheduled_jobs`).
     scheduled_job_lock: scheduled_jobs::ScheduledJobLock,
     configuration_lock: configurations::ConfigurationLock,
+    enrollment_lock: provisioning::EnrollmentLock,
     /// The twin query index maintenance, on writable stores at version 6 or later.
     twin_index: std::sync::OnceLock<std::sync::Arc<twin_index::Hook>>,
     commit_queue_depth: usize,
@@ -282,6 +284,7 @@ impl Store {
             job_lock: jobs::JobLock::default(),
             scheduled_job_lock: scheduled_jobs::ScheduledJobLock::default(),
             configuration_lock: configurations::ConfigurationLock::default(),
+            enrollment_lock: provisioning::EnrollmentLock::default(),
             twin_index: std::sync::OnceLock::new(),
             notification_hook: Default::default(),
             commit_queue_depth,

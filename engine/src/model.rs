@@ -244,7 +244,7 @@ impl IdentitySpec {
     }
 }
 
-fn validate_key(field: &'static str, key: &str) -> Result<(), ValidationError> {
+pub(crate) fn validate_key(field: &'static str, key: &str) -> Result<(), ValidationError> {
     let bytes = B64
         .decode(key)
         .map_err(|_| ValidationError::new(field, "is not valid base64"))?;

@@ -131,6 +131,7 @@ fn a_single_nodes_hub_seeds_an_empty_log_that_rebuilds_it_elsewhere() {
                 host_name: "localhost".into(),
                 policies: ferrohub_engine::hub::HubSettings::default_policies(),
                 created: common::T0,
+                provisioning: None,
             })
             .unwrap();
         for i in 0..300 {

@@ -8,6 +8,7 @@ use ferrohub_engine::Store;
 use ferrohub_server::config::{Config, DurabilitySetting};
 use ferrohub_server::node::{
     self, db_path, event_hubs_connection_string, policy_connection_string,
+    provisioning_connection_string,
 };
 use ferrohub_server::offline;
 use tokio_util::sync::CancellationToken;
@@ -124,6 +125,13 @@ enum Command {
         /// (`Endpoint=sb://...;EntityPath={hub name}`), for Event Hubs clients.
         #[arg(long, conflicts_with = "device")]
         event_hubs: bool,
+        /// Print the provisioning service's connection string (policy
+        /// provisioningserviceowner unless --policy names another provisioning policy).
+        #[arg(long, conflicts_with_all = ["device", "event_hubs", "id_scope"])]
+        provisioning: bool,
+        /// Print the provisioning service's ID scope alone.
+        #[arg(long, conflicts_with_all = ["device", "event_hubs", "policy"])]
+        id_scope: bool,
     },
     /// Export the hub (settings, policies, CAs, routing, every identity with its twin) to a
     /// blob container, with the hub stopped: `file:///dir` or an Azure container SAS URI.
@@ -209,7 +217,15 @@ fn main() -> ExitCode {
             device,
             module,
             event_hubs,
-        } => connection_string(data_dir, policy, device, module, event_hubs),
+            provisioning,
+            id_scope,
+        } => connection_string(
+            data_dir,
+            policy,
+            device,
+            module,
+            Form::pick(event_hubs, provisioning, id_scope),
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -302,12 +318,32 @@ async fn wait_for_signal() {
     }
 }
 
+/// Which connection string `connection-string` prints for a policy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Hub,
+    EventHubs,
+    Provisioning,
+    IdScope,
+}
+
+impl Form {
+    fn pick(event_hubs: bool, provisioning: bool, id_scope: bool) -> Form {
+        match (event_hubs, provisioning, id_scope) {
+            (true, _, _) => Form::EventHubs,
+            (_, true, _) => Form::Provisioning,
+            (_, _, true) => Form::IdScope,
+            _ => Form::Hub,
+        }
+    }
+}
+
 fn connection_string(
     data_dir: PathBuf,
     policy: Option<String>,
     device: Option<String>,
     module: Option<String>,
-    event_hubs: bool,
+    form: Form,
 ) -> anyhow::Result<()> {
     // Read-only, so it works while a node is serving the same directory.
     let store = Store::open_read_only(&db_path(&data_dir))?;
@@ -315,12 +351,21 @@ fn connection_string(
         .hub_settings()?
         .ok_or_else(|| anyhow::anyhow!("{} holds no initialised hub", data_dir.display()))?;
     let line = match device {
+        None if form == Form::IdScope => hub
+            .provisioning
+            .as_ref()
+            .map(|p| p.id_scope.clone())
+            .ok_or_else(|| anyhow::anyhow!("the hub has no ID scope yet: start it once"))?,
         None => {
-            let name = policy.unwrap_or_else(|| "iothubowner".into());
-            let line = if event_hubs {
-                event_hubs_connection_string(&hub, &name)
-            } else {
-                policy_connection_string(&hub, &name)
+            let default = match form {
+                Form::Provisioning => "provisioningserviceowner",
+                _ => "iothubowner",
+            };
+            let name = policy.unwrap_or_else(|| default.into());
+            let line = match form {
+                Form::EventHubs => event_hubs_connection_string(&hub, &name),
+                Form::Provisioning => provisioning_connection_string(&hub, &name),
+                _ => policy_connection_string(&hub, &name),
             };
             line.ok_or_else(|| anyhow::anyhow!("no policy named {name:?}"))?
         }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::transport::lean_tls::LeanTlsAcceptor;
 use ferrohub_engine::c2d::TimerKind;
 use ferrohub_engine::hub::HubSettings;
+use ferrohub_engine::provisioning::ProvisioningSettings;
 use ferrohub_engine::{Durability, HubError, OpenError, Store, StoreConfig};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -61,6 +62,15 @@ pub fn policy_connection_string(hub: &HubSettings, policy: &str) -> Option<Strin
     ))
 }
 
+/// The provisioning service's connection string for one of its policies (DPS-5).
+pub fn provisioning_connection_string(hub: &HubSettings, policy: &str) -> Option<String> {
+    let p = hub.provisioning.as_ref()?.policy(policy)?;
+    Some(format!(
+        "HostName={};SharedAccessKeyName={};SharedAccessKey={}",
+        hub.host_name, p.name, p.primary_key
+    ))
+}
+
 /// The built-in endpoint's Event Hubs-compatible connection string for one policy:
 /// `Endpoint=sb://{host}/;SharedAccessKeyName=...;SharedAccessKey=...;EntityPath={hub name}`.
 pub fn event_hubs_connection_string(hub: &HubSettings, policy: &str) -> Option<String> {
@@ -89,13 +99,24 @@ pub fn initialise_settings(
                 tracing::warn!(stored = %h.host_name, configured = %config.hub.host_name,
                     "host name is fixed at initialisation; using the stored one");
             }
-            h
+            if h.provisioning.is_none() {
+                // A hub initialised before provisioning existed gets its ID scope now, once.
+                let with_scope = HubSettings {
+                    provisioning: Some(ProvisioningSettings::generate()),
+                    ..h
+                };
+                store.replace_hub_settings(with_scope.clone())?;
+                with_scope
+            } else {
+                h
+            }
         }
         None => store.initialise_hub(HubSettings {
             hub_name: config.hub.name.clone(),
             host_name: config.hub.host_name.clone(),
             policies: HubSettings::default_policies(),
             created: clock.now(),
+            provisioning: Some(ProvisioningSettings::generate()),
         })?,
     };
     Ok((hub, first_start))
@@ -188,6 +209,11 @@ impl Services {
         };
         let ctx = HubContext::new(HubParts {
             auth: Authenticator::new(handle.clone(), Arc::clone(&settings), clock.clone()),
+            provisioning: hub::provisioning::Provisioning::new(
+                handle.clone(),
+                &settings,
+                clock.clone(),
+            ),
             store: handle,
             settings,
             clock,
@@ -488,6 +514,12 @@ async fn serve_store(
         // Event Hubs clients read the built-in endpoint with ServiceConnect.
         if let Some(cs) = event_hubs_connection_string(&hub, "service") {
             println!("Event Hubs-compatible endpoint: {cs}");
+        }
+        if let (Some(cs), Some(p)) = (
+            provisioning_connection_string(&hub, "provisioningserviceowner"),
+            &hub.provisioning,
+        ) {
+            println!("Provisioning service (ID scope {}): {cs}", p.id_scope);
         }
     }
     let paths = TlsPaths::new(data_dir);

@@ -199,12 +199,13 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         .ok_or_else(|| file_err(path, "no private key found"))
 }
 
-/// The HTTPS configuration: TLS 1.2 and 1.3, ring provider, no client certificates.
+/// The HTTPS configuration: TLS 1.2 and 1.3, ring provider, an optional client certificate
+/// (X.509 provisioning over HTTPS, MQTT over WebSocket).
 pub fn server_config(paths: &TlsPaths) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ServerConfig::builder_with_provider(provider)
+    let config = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-        .with_no_client_auth()
+        .with_client_cert_verifier(crate::x509::OptionalClientCert::new(provider))
         .with_single_cert(load_certs(&paths.server())?, load_key(&paths.server_key())?)?;
     Ok(Arc::new(config))
 }

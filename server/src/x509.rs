@@ -13,6 +13,11 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 use sha1::Digest as _;
 
+/// The TLS client certificate chain of an HTTPS connection (leaf first, empty when none), put
+/// into each request's extensions by the HTTPS listener.
+#[derive(Debug, Clone, Default)]
+pub struct PeerChain(pub Arc<Vec<CertificateDer<'static>>>);
+
 /// Upper-case hex SHA-1 and SHA-256 of a certificate's DER: the two thumbprint forms IoT Hub
 /// accepts.
 pub fn thumbprints(cert: &CertificateDer<'_>) -> (String, String) {
@@ -72,21 +77,8 @@ pub fn verify_ca_signed(
     if cas.is_empty() {
         return Err(X509Error::NoAuthorities);
     }
-    let mut roots = RootCertStore::empty();
-    for ca in cas {
-        roots
-            .add(CertificateDer::from(ca.der.clone()))
-            .map_err(|e| X509Error::Chain(format!("registered CA {}: {e}", ca.name)))?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier =
-        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()
-            .map_err(|e| X509Error::Chain(e.to_string()))?;
-    let now = UnixTime::since_unix_epoch(std::time::Duration::from_secs(now_secs.max(0) as u64));
-    verifier
-        .verify_client_cert(cert, &[], now)
-        .map_err(|e| X509Error::Chain(e.to_string()))?;
+    let anchors: Vec<(&str, &[u8])> = cas.iter().map(|c| (c.name.as_str(), &c.der[..])).collect();
+    chains_to(cert, &[], &anchors, now_secs)?;
     let cn = common_name(cert)?;
     if cn != subject {
         return Err(X509Error::Subject {
@@ -95,6 +87,59 @@ pub fn verify_ca_signed(
         });
     }
     Ok(())
+}
+
+/// Checks that `cert`, with the `intermediates` the client sent, chains to one of `anchors`
+/// (`(name, DER)`; a root or an intermediate CA alike) and is valid now for client
+/// authentication.
+///
+/// # Errors
+/// [`X509Error::Chain`] naming why.
+pub fn chains_to(
+    cert: &CertificateDer<'static>,
+    intermediates: &[CertificateDer<'static>],
+    anchors: &[(&str, &[u8])],
+    now_secs: i64,
+) -> Result<(), X509Error> {
+    let mut roots = RootCertStore::empty();
+    for (name, der) in anchors {
+        roots
+            .add(CertificateDer::from(der.to_vec()))
+            .map_err(|e| X509Error::Chain(format!("certificate {name}: {e}")))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| X509Error::Chain(e.to_string()))?;
+    let now = UnixTime::since_unix_epoch(std::time::Duration::from_secs(now_secs.max(0) as u64));
+    verifier
+        .verify_client_cert(cert, intermediates, now)
+        .map_err(|e| X509Error::Chain(e.to_string()))?;
+    Ok(())
+}
+
+/// A certificate from PEM (the first one) or base64 DER, as DPS enrollments carry them.
+///
+/// # Errors
+/// [`X509Error::Parse`].
+pub fn parse_certificate_text(text: &str) -> Result<Vec<u8>, X509Error> {
+    use base64::Engine as _;
+    let trimmed = text.trim();
+    let der = if trimmed.starts_with("-----") {
+        rustls_pemfile::certs(&mut trimmed.as_bytes())
+            .next()
+            .ok_or_else(|| X509Error::Parse("no certificate in the PEM".into()))?
+            .map_err(|e| X509Error::Parse(e.to_string()))?
+            .to_vec()
+    } else {
+        let compact: String = trimmed.split_whitespace().collect();
+        base64::engine::general_purpose::STANDARD
+            .decode(compact)
+            .map_err(|_| X509Error::Parse("neither PEM nor base64 DER".into()))?
+    };
+    x509_parser::parse_x509_certificate(&der).map_err(|e| X509Error::Parse(e.to_string()))?;
+    Ok(der)
 }
 
 /// Parses a PEM (or DER) certificate for registration as a CA.

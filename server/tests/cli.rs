@@ -66,6 +66,7 @@ mod offline {
                 host_name: "h1.example".into(),
                 policies: HubSettings::default_policies(),
                 created: T0,
+                provisioning: None,
             })
             .unwrap();
         for i in 0..devices {

@@ -39,3 +39,27 @@ def thumbprint(cert: Path) -> str:
     out = subprocess.run(["openssl", "x509", "-in", str(cert), "-noout", "-fingerprint", "-sha1"],
                          check=True, capture_output=True, text=True).stdout
     return out.strip().split("=", 1)[1].replace(":", "")
+
+
+def intermediate(dir: Path, name: str, ca_cert: Path, ca_key: Path) -> tuple[Path, Path]:
+    """An intermediate CA signed by `ca_cert` (it can sign device certificates itself)."""
+    key, csr, cert = dir / f"{name}-ca.key", dir / f"{name}-ca.csr", dir / f"{name}-ca.pem"
+    ext = dir / f"{name}-ca.ext"
+    ext.write_text("basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n")
+    run("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key),
+        "-out", str(csr), "-subj", f"/CN={name} intermediate CA")
+    run("x509", "-req", "-in", str(csr), "-CA", str(ca_cert), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-out", str(cert), "-days", "30", "-extfile", str(ext))
+    return cert, key
+
+
+def chain_file(path: Path, *certs: Path) -> Path:
+    """One PEM file holding `certs` in order (leaf first): what a device presents in TLS."""
+    path.write_text("".join(c.read_text() for c in certs))
+    return path
+
+
+def sha256_thumbprint(cert: Path) -> str:
+    out = subprocess.run(["openssl", "x509", "-in", str(cert), "-noout", "-fingerprint", "-sha256"],
+                         check=True, capture_output=True, text=True).stdout
+    return out.strip().split("=", 1)[1].replace(":", "")

@@ -113,6 +113,7 @@ impl InProcHub {
         tokio::spawn(ferrohub_server::amqp::serve(
             server,
             std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            Vec::new(),
             self.ctx.clone(),
             self.shutdown.clone(),
         ));
@@ -161,7 +162,7 @@ impl InProcHub {
         let peer = PeerInfo {
             addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
             transport: "in-process",
-            client_cert: None,
+            client_chain: Vec::new(),
         };
         let task = tokio::spawn(connection::run(
             server,

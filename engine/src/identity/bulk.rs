@@ -124,7 +124,7 @@ impl Txn<'_> {
     }
 
     /// Replaces tags and/or desired properties of an identity written in this transaction.
-    fn stage_twin_replace(
+    pub(super) fn stage_twin_replace(
         &mut self,
         identity: &Identity,
         write: &TwinWrite,

@@ -31,6 +31,9 @@ use crate::twin::record::TwinRecord;
 use crate::Store;
 
 mod bulk;
+mod provisioned;
+
+pub use provisioned::Assignment;
 mod model_id;
 pub use bulk::{BulkItem, BulkItemError, ImportMode};
 

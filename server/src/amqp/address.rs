@@ -51,6 +51,11 @@ pub enum Node {
     Management,
     /// `{entity}/ConsumerGroups/{group}/Partitions/{partition}`: an Event Hubs receiver.
     Partition(PartitionAddress),
+    /// `{idScope}/registrations/{registrationId}`: the provisioning service's device links.
+    Registration {
+        id_scope: String,
+        registration_id: String,
+    },
     /// Anything else, as named.
     Unknown(String),
 }
@@ -78,6 +83,20 @@ impl Node {
         let path = path.trim_end_matches('/');
         if let Some(partition) = PartitionAddress::parse(path) {
             return Node::Partition(partition);
+        }
+        if let [scope, literal, rid] = path
+            .trim_start_matches('/')
+            .split('/')
+            .collect::<Vec<_>>()
+            .as_slice()
+        {
+            if literal.eq_ignore_ascii_case("registrations") && !scope.is_empty() && !rid.is_empty()
+            {
+                return Node::Registration {
+                    id_scope: (*scope).to_string(),
+                    registration_id: (*rid).to_string(),
+                };
+            }
         }
         let path = path.to_ascii_lowercase();
         match path.as_str() {

@@ -9,6 +9,7 @@ use fe2o3_amqp::acceptor::{
 };
 use fe2o3_amqp::connection::OpenError;
 use fe2o3_amqp::types::definitions::{ReceiverSettleMode, SenderSettleMode};
+use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -20,6 +21,7 @@ use super::frame_guard::FrameGuard;
 use super::full_fields::FullFields;
 use super::header::{read_header, Opening};
 use super::partition_link::{self, PartitionRequest};
+use super::provisioning::{self, DeviceCredential};
 use super::replies::Replies;
 use super::sasl::HubSasl;
 use super::{c2d_send, errors, feedback, management};
@@ -42,11 +44,17 @@ const IDLE_TIME_OUT_MS: u32 = 240_000;
 
 /// Serves one connection on `stream` (TLS or WebSocket already done) until the client closes
 /// it or the node shuts down.
-pub async fn serve<Io>(stream: Io, peer: SocketAddr, ctx: HubContext, shutdown: CancellationToken)
-where
+pub async fn serve<Io>(
+    stream: Io,
+    peer: SocketAddr,
+    client_chain: Vec<CertificateDer<'static>>,
+    ctx: HubContext,
+    shutdown: CancellationToken,
+) where
     Io: AsyncRead + AsyncWrite + std::fmt::Debug + Send + Unpin + 'static,
 {
     let claims = Claims::default();
+    let device = DeviceCredential::default();
     let stream = FullFields::new(FrameGuard::new(stream, MAX_FRAME as usize, MAX_HELD));
     let opened = async {
         let (opening, stream) = read_header(stream).await.map_err(OpenError::Io)?;
@@ -57,7 +65,11 @@ where
         match opening {
             Opening::Sasl => {
                 acceptor
-                    .sasl_acceptor(HubSasl::new(ctx.auth.clone(), claims.clone()))
+                    .sasl_acceptor(HubSasl::new(
+                        ctx.auth.clone(),
+                        claims.clone(),
+                        device.clone(),
+                    ))
                     .build()
                     .accept(stream)
                     .await
@@ -85,6 +97,7 @@ where
             return;
         }
     };
+    device.set_chain_unless_token(&client_chain);
     tracing::info!(%peer, "AMQP connection open");
     let open = metrics::gauge!("ferrohub_connections", "protocol" => "amqp", "transport" => "tls");
     open.increment(1.0);
@@ -99,7 +112,12 @@ where
             }
             accepted = sessions_acceptor.accept(&mut connection) => match accepted {
                 Ok(session) => {
-                    sessions.spawn(serve_session(session, ctx.clone(), claims.clone()));
+                    sessions.spawn(serve_session(
+                        session,
+                        ctx.clone(),
+                        claims.clone(),
+                        device.clone(),
+                    ));
                 }
                 Err(e) => {
                     reason = e.to_string();
@@ -115,7 +133,12 @@ where
 }
 
 /// Serves one session: each attached link by the node it names.
-async fn serve_session(mut session: ListenerSessionHandle, ctx: HubContext, claims: Claims) {
+async fn serve_session(
+    mut session: ListenerSessionHandle,
+    ctx: HubContext,
+    claims: Claims,
+    device: DeviceCredential,
+) {
     // Dispositions always settle: uamqp's sender asks for rcv-settle-mode `second` but only
     // completes a message on a settled disposition, as IoT Hub sends (it answers `first`).
     let links_acceptor = LinkAcceptor::builder()
@@ -132,6 +155,7 @@ async fn serve_session(mut session: ListenerSessionHandle, ctx: HubContext, clai
         .build();
     let cbs_replies = Replies::default();
     let management_replies = Replies::default();
+    let registration_replies = Replies::default();
     let mut links = JoinSet::new();
     while let Some(attach) = session.next_incoming_attach().await {
         let node = Node::of(&attach);
@@ -198,6 +222,28 @@ async fn serve_session(mut session: ListenerSessionHandle, ctx: HubContext, clai
                         let _ = r.close_with_error(errors::unauthorized(&reason)).await;
                     }
                 }
+            }
+            (
+                Node::Registration {
+                    id_scope,
+                    registration_id,
+                },
+                LinkEndpoint::Receiver(r),
+            ) => {
+                links.spawn(provisioning::serve_requests(
+                    r,
+                    registration_replies.clone(),
+                    ctx.clone(),
+                    device.clone(),
+                    id_scope,
+                    registration_id,
+                ));
+            }
+            (Node::Registration { .. }, LinkEndpoint::Sender(s)) => {
+                let reply_task = registration_replies.attach(s);
+                links.spawn(async move {
+                    let _ = reply_task.await;
+                });
             }
             (Node::Feedback, LinkEndpoint::Sender(s)) => {
                 links.spawn(feedback::serve(s, ctx.clone(), claims.clone()));

@@ -54,6 +54,7 @@ mod header;
 mod management;
 pub(crate) mod message;
 mod partition_link;
+mod provisioning;
 mod replies;
 mod sasl;
 pub(crate) mod selector;

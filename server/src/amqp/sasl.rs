@@ -6,6 +6,9 @@
 //!   token) and the password a policy's SAS token or key; checked here, and the connection
 //!   starts with that claim. Wrong credentials end SASL with outcome `auth`.
 //!
+//! - `PLAIN` with user `{idScope}/registrations/{registrationId}`: a provisioning registration;
+//!   its token is kept for [`super::provisioning`], which checks it with each request.
+//!
 //! The check is synchronous because `fe2o3-amqp` asks for the outcome synchronously; policy
 //! tokens and keys live in the hub's settings, so no storage is read.
 
@@ -14,6 +17,7 @@ use fe2o3_amqp::types::primitives::{Array, Symbol};
 use fe2o3_amqp::types::sasl::{SaslCode, SaslInit, SaslOutcome, SaslResponse};
 
 use super::claims::Claims;
+use super::provisioning::{is_registration_user, DeviceCredential};
 use crate::hub::Authenticator;
 
 const MSSBCBS: &str = "MSSBCBS";
@@ -26,11 +30,16 @@ const ANONYMOUS: &str = "ANONYMOUS";
 pub struct HubSasl {
     auth: Authenticator,
     claims: Claims,
+    device: DeviceCredential,
 }
 
 impl HubSasl {
-    pub fn new(auth: Authenticator, claims: Claims) -> Self {
-        HubSasl { auth, claims }
+    pub fn new(auth: Authenticator, claims: Claims, device: DeviceCredential) -> Self {
+        HubSasl {
+            auth,
+            claims,
+            device,
+        }
     }
 
     fn plain(&self, init: SaslInit) -> SaslCode {
@@ -48,6 +57,11 @@ impl HubSasl {
         else {
             return SaslCode::Auth;
         };
+        if is_registration_user(user) {
+            // A provisioning registration: its token is checked with each request (DPS-1).
+            self.device.set_token(password);
+            return SaslCode::Ok;
+        }
         let claim = if password.starts_with("SharedAccessSignature ") {
             self.auth.policy_claim(password)
         } else {

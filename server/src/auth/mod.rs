@@ -10,6 +10,7 @@
 //!   refuses it on hub-wide endpoints such as the registry.
 //! - Disabled identities never authenticate.
 
+pub mod provisioning;
 pub mod sas;
 
 use ferrohub_engine::hub::{HubSettings, Permissions};

@@ -45,6 +45,8 @@ pub struct HubParts {
     pub settings: Arc<HubSettings>,
     pub clock: Clock,
     pub auth: Authenticator,
+    /// The provisioning service's device side (DPS-1 to DPS-3).
+    pub provisioning: super::provisioning::Provisioning,
     pub connections: Arc<Connections>,
     pub d2c: Arc<D2cNotify>,
     pub readers: PartitionReaders,

@@ -43,6 +43,7 @@ pub mod limits;
 pub mod method_call;
 pub mod methods;
 pub mod partition_readers;
+pub mod provisioning;
 pub mod retention;
 pub mod routes;
 pub mod scheduled_jobs;

@@ -86,8 +86,15 @@ pub const MAX_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(1767);
 pub struct PeerInfo {
     pub addr: std::net::SocketAddr,
     pub transport: &'static str,
+    /// The TLS client certificate chain, leaf first; empty when none was presented.
+    pub client_chain: Vec<CertificateDer<'static>>,
+}
+
+impl PeerInfo {
     /// The TLS client certificate, if one was presented.
-    pub client_cert: Option<CertificateDer<'static>>,
+    pub fn client_cert(&self) -> Option<&CertificateDer<'static>> {
+        self.client_chain.first()
+    }
 }
 
 /// Why a connection ended.

@@ -53,6 +53,16 @@ struct HubExport {
     routing: RoutingConfig,
     partition_count: u16,
     device_count: u64,
+    /// Enrollments, groups and registration states (DPS-5); absent in exports made before
+    /// provisioning existed.
+    #[serde(default)]
+    provisioning: ProvisioningExport,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct ProvisioningExport {
+    enrollments: Vec<ferrohub_engine::provisioning::Enrollment>,
+    registrations: Vec<ferrohub_engine::provisioning::RegistrationRecord>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -115,6 +125,13 @@ pub fn export(data_dir: &Path, to: &str, exclude_keys: bool) -> anyhow::Result<u
         routing: store.routing_config()?,
         partition_count: store.partition_count(),
         device_count,
+        provisioning: {
+            let (enrollments, registrations) = store.export_provisioning()?;
+            ProvisioningExport {
+                enrollments,
+                registrations,
+            }
+        },
     };
     let container = BlobContainer::parse(to)?;
     let rt = runtime()?;
@@ -208,6 +225,10 @@ pub fn restore(data_dir: &Path, from: &str) -> anyhow::Result<u64> {
         *r = routing;
         Ok(())
     })?;
+    store.restore_provisioning(
+        &hub.provisioning.enrollments,
+        &hub.provisioning.registrations,
+    )?;
     let mut progress = Progress::new("restore", hub.device_count);
     let restored = rt.block_on(restore_devices(&store, &container, &mut progress))?;
     progress.finish();

@@ -61,6 +61,14 @@ pub enum ApiError {
     Throttled(crate::hub::throttle::Throttled),
     #[error("the daily message quota is used up until {}", crate::clock::iso7(.0.resets_at))]
     QuotaExceeded(crate::hub::daily_quota::QuotaExceeded),
+    /// A refusal of the provisioning service, answered with DPS's error body
+    /// (`{"errorCode","trackingId","message","timestampUtc"}`) instead of IoT Hub's.
+    #[error("{message}")]
+    Provisioning {
+        status: StatusCode,
+        code: u32,
+        message: String,
+    },
 }
 
 impl Reject for ApiError {}
@@ -125,6 +133,7 @@ impl ApiError {
                 (StatusCode::TOO_MANY_REQUESTS, "ThrottlingException", 429001)
             }
             ApiError::QuotaExceeded(_) => (StatusCode::FORBIDDEN, "IotHubQuotaExceeded", 403002),
+            ApiError::Provisioning { status, code, .. } => (*status, "ProvisioningError", *code),
             ApiError::Job(e) => {
                 use ferrohub_engine::jobs::JobError as E;
                 match e {
@@ -161,11 +170,20 @@ impl ApiError {
         }
         let now = chrono::Utc::now().format("%Y-%m-%d %H:%M:%SZ");
         let tracking = format!("{:032x}", rand::random::<u128>());
-        let body = serde_json::json!({
-            "Message": format!("ErrorCode:{name};{self}"),
-            "ExceptionMessage": format!("Tracking ID:{tracking}-TimeStamp:{now}"),
-            "errorCode": number,
-        });
+        let body = if let ApiError::Provisioning { .. } = self {
+            serde_json::json!({
+                "errorCode": number,
+                "trackingId": tracking,
+                "message": self.to_string(),
+                "timestampUtc": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            })
+        } else {
+            serde_json::json!({
+                "Message": format!("ErrorCode:{name};{self}"),
+                "ExceptionMessage": format!("Tracking ID:{tracking}-TimeStamp:{now}"),
+                "errorCode": number,
+            })
+        };
         let mut response =
             warp::reply::with_status(warp::reply::json(&body), status).into_response();
         if let ApiError::Throttled(t) = self {

@@ -17,6 +17,7 @@ mod identities;
 pub mod identity_json;
 pub mod jobs;
 mod methods;
+mod provisioning;
 mod query;
 pub mod reply;
 mod routing;
@@ -251,6 +252,7 @@ fn table(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
         configurations::routes(ctx.clone()),
         jobs::routes(ctx.clone()),
         files::routes(ctx.clone()),
+        provisioning::routes(ctx.clone()),
         routing::routes(ctx),
     ])
     .boxed()

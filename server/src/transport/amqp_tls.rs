@@ -28,7 +28,16 @@ pub async fn serve(
         shutdown,
         tracker,
         "AMQP",
-        move |tls, peer, shutdown| amqp::serve(tls, peer, ctx.clone(), shutdown),
+        move |tls, peer, shutdown| {
+            // The client certificate: X.509 provisioning over AMQP sends no SASL at all.
+            let chain = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+                .unwrap_or_default();
+            amqp::serve(tls, peer, chain, ctx.clone(), shutdown)
+        },
     )
     .await
 }

@@ -19,6 +19,7 @@ use warp::filters::BoxedFilter;
 use super::accept::accept_loop;
 use super::ws::{PeerAddr, ShutdownSignal};
 use crate::config::TimeoutsSection;
+use crate::x509::PeerChain;
 
 /// Most concurrent HTTPS connections (WebSocket devices included).
 const MAX_CONNECTIONS: usize = 2048;
@@ -70,10 +71,19 @@ async fn handle(
             return;
         }
     };
+    // The client certificate chain (X.509 provisioning over HTTPS, MQTT over WebSocket).
+    let chain = PeerChain(std::sync::Arc::new(
+        tls.get_ref()
+            .1
+            .peer_certificates()
+            .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+            .unwrap_or_default(),
+    ));
     let warp_service = warp::service(routes);
     let signal = ShutdownSignal(shutdown.clone());
     let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::Body>| {
         req.extensions_mut().insert(PeerAddr(peer));
+        req.extensions_mut().insert(chain.clone());
         req.extensions_mut().insert(signal.clone());
         let mut svc = warp_service.clone();
         async move { svc.call(req).await }

@@ -180,14 +180,15 @@ async fn serve_connection(
             return;
         }
     };
-    let client_cert = conn
+    let client_chain = conn
         .peer_identity()
         .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
-        .and_then(|chain| chain.first().cloned());
+        .map(|chain| *chain)
+        .unwrap_or_default();
     let info = PeerInfo {
         addr: conn.remote_address(),
         transport: "mqtt-quic",
-        client_cert,
+        client_chain,
     };
     let io = tokio::io::join(recv, TailProbed::new(&conn, send));
     connection::run(io, info, ctx, shutdown).await;

@@ -28,14 +28,14 @@ pub async fn serve(
         tracker,
         "MQTT",
         move |tls, peer, shutdown| {
-            let client_cert = tls
+            let client_chain = tls
                 .peer_certificates()
-                .and_then(|c| c.first())
-                .map(|c| c.clone().into_owned());
+                .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+                .unwrap_or_default();
             let info = PeerInfo {
                 addr: peer,
                 transport: "mqtt-tls",
-                client_cert,
+                client_chain,
             };
             connection::run(tls, info, ctx.clone(), shutdown)
         },

@@ -1,6 +1,7 @@
 //! WebSocket upgrades on the HTTPS port, each then an ordinary connection of its protocol:
 //! - MQTT: `GET /$iothub/websocket`, subprotocol `mqtt` (MQT-1, `compat` §A1);
-//! - AMQP: `GET /$servicebus/websocket/`, subprotocol `AMQPWSB10` (AMQ-1, `compat` §B5).
+//! - AMQP: `GET /$servicebus/websocket/`, subprotocol `AMQPWSB10` (AMQ-1, `compat` §B5), and
+//!   `GET /$iothub/websocket` when the client asks for `AMQPWSB10` (the device-side SDKs).
 
 use std::net::SocketAddr;
 
@@ -10,6 +11,7 @@ use warp::{Filter, Rejection, Reply};
 use super::ws_io::WsIo;
 use crate::hub::HubContext;
 use crate::mqtt::connection::{self, PeerInfo, MAX_PACKET};
+use crate::x509::PeerChain;
 
 /// The client's address, put into each request's extensions by the HTTPS listener.
 #[derive(Debug, Clone, Copy)]
@@ -60,19 +62,32 @@ fn amqp(
         .untuple_one()
         .and(warp::ws())
         .and(connection_facts())
+        .and(warp::ext::optional::<PeerChain>())
         .map(
-            move |ws: warp::ws::Ws, (addr, shutdown): (SocketAddr, CancellationToken)| {
-                let ctx = ctx.clone();
-                let upgrade = ws
-                    .max_message_size(MAX_AMQP_WS_MESSAGE)
-                    .max_frame_size(MAX_AMQP_WS_MESSAGE)
-                    .on_upgrade(move |socket| {
-                        crate::amqp::serve(WsIo::new(socket), addr, ctx, shutdown)
-                    });
-                warp::reply::with_header(upgrade, "sec-websocket-protocol", "AMQPWSB10")
-                    .into_response()
+            move |ws: warp::ws::Ws,
+                  (addr, shutdown): (SocketAddr, CancellationToken),
+                  chain: Option<PeerChain>| {
+                amqp_upgrade(ws, addr, shutdown, chain, ctx.clone())
             },
         )
+}
+
+/// The upgrade to an AMQP connection over the WebSocket.
+fn amqp_upgrade(
+    ws: warp::ws::Ws,
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    chain: Option<PeerChain>,
+    ctx: HubContext,
+) -> warp::reply::Response {
+    let chain = chain.map(|c| c.0.to_vec()).unwrap_or_default();
+    let upgrade = ws
+        .max_message_size(MAX_AMQP_WS_MESSAGE)
+        .max_frame_size(MAX_AMQP_WS_MESSAGE)
+        .on_upgrade(move |socket| {
+            crate::amqp::serve(WsIo::new(socket), addr, chain, ctx, shutdown)
+        });
+    warp::reply::with_header(upgrade, "sec-websocket-protocol", "AMQPWSB10").into_response()
 }
 
 fn mqtt(
@@ -81,9 +96,19 @@ fn mqtt(
     warp::path!("$iothub" / "websocket")
         .and(warp::ws())
         .and(connection_facts())
+        .and(warp::ext::optional::<PeerChain>())
+        .and(warp::header::optional::<String>("sec-websocket-protocol"))
         .map(
-            move |ws: warp::ws::Ws, (addr, shutdown): (SocketAddr, CancellationToken)| {
+            move |ws: warp::ws::Ws,
+                  (addr, shutdown): (SocketAddr, CancellationToken),
+                  chain: Option<PeerChain>,
+                  protocols: Option<String>| {
                 let ctx = ctx.clone();
+                // The device SDKs' AMQP over WebSocket (and the provisioning transport's)
+                // asks for AMQPWSB10 on this same path.
+                if protocols.is_some_and(|p| p.split(',').any(|p| p.trim() == "AMQPWSB10")) {
+                    return amqp_upgrade(ws, addr, shutdown, chain, ctx);
+                }
                 let upgrade = ws
                     .max_message_size(MAX_PACKET)
                     .max_frame_size(MAX_PACKET)
@@ -91,7 +116,7 @@ fn mqtt(
                         let peer = PeerInfo {
                             addr,
                             transport: "mqtt-ws",
-                            client_cert: None,
+                            client_chain: chain.map(|c| c.0.to_vec()).unwrap_or_default(),
                         };
                         connection::run(WsIo::new(socket), peer, ctx, shutdown).await;
                     });

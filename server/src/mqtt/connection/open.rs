@@ -62,6 +62,16 @@ where
             return None;
         }
     };
+    // A provisioning user name makes this a connection to the provisioning service (DPS-1).
+    if crate::mqtt::provisioning::provisioning_user(connect.user_name()).is_some() {
+        let peer = crate::mqtt::provisioning::Peer {
+            addr: peer.addr,
+            transport: peer.transport,
+            client_chain: peer.client_chain,
+        };
+        crate::mqtt::provisioning::serve(framed, connect, peer, ctx).await;
+        return None;
+    }
     // A wrong protocol version, the device-connection throttle (THR-1), or a hub that cannot
     // write: a throttled or unserved CONNECT is CONNACK 3, which the SDKs retry with back-off.
     let refusal = if connect.protocol_level() != ProtocolLevel::Version311
@@ -99,7 +109,7 @@ where
         connect.client_identifier(),
         connect.user_name(),
         connect.password(),
-        peer.client_cert.as_ref(),
+        peer.client_cert(),
     )
     .await
     {
