@@ -36,6 +36,51 @@ impl PartitionAddress {
     }
 }
 
+/// Which of a device's links an address names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceLink {
+    /// `messages/events`: telemetry.
+    Telemetry,
+    /// `messages/devicebound`: C2D deliveries.
+    CloudToDevice,
+    /// `twin`: twin requests and replies, desired-property pushes.
+    Twin,
+    /// `methods/devicebound`: direct method calls and answers.
+    Methods,
+    /// `inputs` (modules): messages routed to the module.
+    Inputs,
+}
+
+impl DeviceLink {
+    /// `/devices/{d}[/modules/{m}]/{rest}` with the literal segments in any case.
+    fn parse(path: &str) -> Option<(crate::ids::Identity, DeviceLink)> {
+        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let is = |s: &str, lit: &str| s.eq_ignore_ascii_case(lit);
+        let (device, module, rest): (&str, Option<&str>, &[&str]) = match segments.as_slice() {
+            [devices, d, modules, m, rest @ ..]
+                if is(devices, "devices") && is(modules, "modules") && !rest.is_empty() =>
+            {
+                (d, Some(*m), rest)
+            }
+            [devices, d, rest @ ..] if is(devices, "devices") => (d, None, rest),
+            _ => return None,
+        };
+        let link = match rest {
+            [a, b] if is(a, "messages") && is(b, "events") => DeviceLink::Telemetry,
+            [a, b] if is(a, "messages") && is(b, "devicebound") => DeviceLink::CloudToDevice,
+            [a] if is(a, "twin") => DeviceLink::Twin,
+            [a, b] if is(a, "methods") && is(b, "devicebound") => DeviceLink::Methods,
+            [a] if is(a, "inputs") && module.is_some() => DeviceLink::Inputs,
+            _ => return None,
+        };
+        let who = match module {
+            Some(m) => crate::ids::Identity::for_module(device, m),
+            None => crate::ids::Identity::for_device(device),
+        };
+        Some((who, link))
+    }
+}
+
 /// A node of the service endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Node {
@@ -51,6 +96,14 @@ pub enum Node {
     Management,
     /// `{entity}/ConsumerGroups/{group}/Partitions/{partition}`: an Event Hubs receiver.
     Partition(PartitionAddress),
+    /// `/devices/{d}[/modules/{m}]/...`: a device's or module's own link (AMQ-6).
+    Device {
+        who: crate::ids::Identity,
+        link: DeviceLink,
+    },
+    /// `messages/events/{rest}` other than a partition: IoT Hub's name for the built-in
+    /// endpoint, answered with a redirect to its Event Hubs-compatible address (AMQ-8).
+    EventsRedirect(String),
     /// `{idScope}/registrations/{registrationId}`: the provisioning service's device links.
     Registration {
         id_scope: String,
@@ -84,6 +137,15 @@ impl Node {
         if let Some(partition) = PartitionAddress::parse(path) {
             return Node::Partition(partition);
         }
+        if let Some((who, link)) = DeviceLink::parse(path) {
+            return Node::Device { who, link };
+        }
+        let trimmed = path.trim_start_matches('/');
+        if trimmed.len() > "messages/events/".len()
+            && trimmed[.."messages/events/".len()].eq_ignore_ascii_case("messages/events/")
+        {
+            return Node::EventsRedirect(trimmed["messages/events/".len()..].to_string());
+        }
         if let [scope, literal, rid] = path
             .trim_start_matches('/')
             .split('/')
@@ -114,6 +176,35 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_addresses_in_any_case() {
+        let dev = crate::ids::Identity::for_device("d1");
+        let module = crate::ids::Identity::for_module("d1", "m1");
+        assert_eq!(
+            DeviceLink::parse("/devices/d1/messages/events"),
+            Some((dev.clone(), DeviceLink::Telemetry))
+        );
+        assert_eq!(
+            DeviceLink::parse("/devices/d1/messages/deviceBound"),
+            Some((dev.clone(), DeviceLink::CloudToDevice))
+        );
+        assert_eq!(
+            DeviceLink::parse("devices/d1/modules/m1/twin"),
+            Some((module.clone(), DeviceLink::Twin))
+        );
+        assert_eq!(
+            DeviceLink::parse("/devices/d1/modules/m1/methods/devicebound"),
+            Some((module.clone(), DeviceLink::Methods))
+        );
+        assert_eq!(
+            DeviceLink::parse("/devices/d1/modules/m1/inputs"),
+            Some((module, DeviceLink::Inputs))
+        );
+        assert_eq!(DeviceLink::parse("/devices/d1/inputs"), None);
+        assert_eq!(DeviceLink::parse("/devices/d1/messages"), None);
+        assert_eq!(DeviceLink::parse("/messages/devicebound"), None);
+    }
 
     #[test]
     fn partition_addresses_absolute_or_relative() {

@@ -6,6 +6,9 @@
 //! A token the authenticator accepts becomes the connection's claim, replacing the previous
 //! one (renewal on the same link). What the claim allows is checked where a link is used.
 
+use super::device::DeviceCredentials;
+use crate::auth::Scope;
+use crate::ids::Identity;
 use fe2o3_amqp::link::Receiver;
 use fe2o3_amqp::types::messaging::{AmqpValue, Body, Message};
 use fe2o3_amqp::types::primitives::Value;
@@ -15,7 +18,13 @@ use super::replies::{application_property, correlation_of, reply, Replies};
 use crate::hub::{AuthFailure, HubContext};
 
 /// Serves the client's sender link to `$cbs` until it closes.
-pub async fn serve_requests(mut link: Receiver, replies: Replies, ctx: HubContext, claims: Claims) {
+pub async fn serve_requests(
+    mut link: Receiver,
+    replies: Replies,
+    ctx: HubContext,
+    claims: Claims,
+    devices: DeviceCredentials,
+) {
     loop {
         let delivery = match link.recv::<Body<Value>>().await {
             Ok(d) => d,
@@ -25,7 +34,7 @@ pub async fn serve_requests(mut link: Receiver, replies: Replies, ctx: HubContex
             }
         };
         let request = delivery.message();
-        let (status, description) = put_token(request, &ctx, &claims).await;
+        let (status, description) = put_token(request, &ctx, &claims, &devices).await;
         let correlation_id = correlation_of(request);
         if link.accept(&delivery).await.is_err() {
             break;
@@ -42,6 +51,7 @@ async fn put_token(
     request: &Message<Body<Value>>,
     ctx: &HubContext,
     claims: &Claims,
+    devices: &DeviceCredentials,
 ) -> (i32, String) {
     if application_property(request, "operation") != Some("put-token") {
         return (
@@ -69,6 +79,17 @@ async fn put_token(
     };
     match ctx.auth.service_claim(&token).await {
         Ok(claim) => {
+            // A device's or module's token: its links are checked against it (AMQ-5).
+            if let Scope::Device {
+                device_id,
+                module_id,
+            } = &claim.principal.scope
+            {
+                devices.put_token(
+                    Identity::new(device_id.clone(), module_id.clone()),
+                    token.clone(),
+                );
+            }
             claims.set(claim);
             (200, "OK".into())
         }

@@ -1,6 +1,7 @@
 //! One AMQP connection: SASL, then sessions, each serving the links the client attaches.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fe2o3_amqp::acceptor::{
@@ -17,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::address::Node;
 use super::cbs;
 use super::claims::Claims;
+use super::device::{DeviceCredentials, DeviceLinks};
 use super::frame_guard::FrameGuard;
 use super::full_fields::FullFields;
 use super::header::{read_header, Opening};
@@ -38,6 +40,8 @@ const MAX_FRAME: u32 = 65_536;
 const MAX_MESSAGE: u64 = 256 * 1024;
 /// Most bytes of unfinished multi-frame deliveries one connection may have held for checking.
 const MAX_HELD: usize = 4 * MAX_MESSAGE as usize;
+/// How long after answering a `messages/events` attach its redirect follows.
+const REDIRECT_AFTER: Duration = Duration::from_millis(100);
 /// A connection that sends nothing (not even an empty frame) for this long is closed; IoT
 /// Hub announces the same.
 const IDLE_TIME_OUT_MS: u32 = 240_000;
@@ -55,6 +59,7 @@ pub async fn serve<Io>(
 {
     let claims = Claims::default();
     let device = DeviceCredential::default();
+    let devices = DeviceCredentials::default();
     let stream = FullFields::new(FrameGuard::new(stream, MAX_FRAME as usize, MAX_HELD));
     let opened = async {
         let (opening, stream) = read_header(stream).await.map_err(OpenError::Io)?;
@@ -69,6 +74,8 @@ pub async fn serve<Io>(
                         ctx.auth.clone(),
                         claims.clone(),
                         device.clone(),
+                        devices.clone(),
+                        ctx.settings.hub_name.clone(),
                     ))
                     .build()
                     .accept(stream)
@@ -98,6 +105,8 @@ pub async fn serve<Io>(
         }
     };
     device.set_chain_unless_token(&client_chain);
+    devices.set_chain(client_chain);
+    let device_links = DeviceLinks::new(ctx.clone(), devices.clone());
     tracing::info!(%peer, "AMQP connection open");
     let open = metrics::gauge!("ferrohub_connections", "protocol" => "amqp", "transport" => "tls");
     open.increment(1.0);
@@ -110,6 +119,10 @@ pub async fn serve<Io>(
                 reason = "the hub is shutting down".to_string();
                 break;
             }
+            _ = device_links.kicked.cancelled() => {
+                reason = "a device of the connection connected again elsewhere, or was disabled or deleted".to_string();
+                break;
+            }
             accepted = sessions_acceptor.accept(&mut connection) => match accepted {
                 Ok(session) => {
                     sessions.spawn(serve_session(
@@ -117,6 +130,7 @@ pub async fn serve<Io>(
                         ctx.clone(),
                         claims.clone(),
                         device.clone(),
+                        Arc::clone(&device_links),
                     ));
                 }
                 Err(e) => {
@@ -127,6 +141,7 @@ pub async fn serve<Io>(
         }
     }
     sessions.shutdown().await;
+    device_links.finish().await;
     let _ = connection.close().await;
     tracing::info!(%peer, %reason, "AMQP connection closed");
     open.decrement(1.0);
@@ -138,6 +153,7 @@ async fn serve_session(
     ctx: HubContext,
     claims: Claims,
     device: DeviceCredential,
+    device_links: Arc<DeviceLinks>,
 ) {
     // Dispositions always settle: uamqp's sender asks for rcv-settle-mode `second` but only
     // completes a message on a settled disposition, as IoT Hub sends (it answers `first`).
@@ -182,6 +198,7 @@ async fn serve_session(
                     cbs_replies.clone(),
                     ctx.clone(),
                     claims.clone(),
+                    device_links.credentials(),
                 ));
             }
             (Node::Cbs, LinkEndpoint::Sender(s)) => {
@@ -245,6 +262,14 @@ async fn serve_session(
                     let _ = reply_task.await;
                 });
             }
+            (Node::Device { who, link: kind }, link) => {
+                Arc::clone(&device_links)
+                    .serve(who, kind, link, &mut links)
+                    .await;
+            }
+            (Node::EventsRedirect(rest), LinkEndpoint::Sender(s)) => {
+                links.spawn(redirect(s, rest, ctx.clone(), claims.clone()));
+            }
             (Node::Feedback, LinkEndpoint::Sender(s)) => {
                 links.spawn(feedback::serve(s, ctx.clone(), claims.clone()));
             }
@@ -270,4 +295,21 @@ async fn serve_session(
     }
     links.shutdown().await;
     let _ = session.end().await;
+}
+
+/// Answers a receiver on `messages/events/...` (AMQ-8): the attach is answered first, then,
+/// in a later write (the Node sample waits for the attach before it listens for the detach),
+/// the link is closed with the redirect to the built-in endpoint's Event Hubs entity.
+async fn redirect(link: fe2o3_amqp::link::Sender, rest: String, ctx: HubContext, claims: Claims) {
+    if let Err(reason) = claims.check(Permission::ServiceConnect, ctx.auth.now_secs()) {
+        let _ = link.close_with_error(errors::unauthorized(&reason)).await;
+        return;
+    }
+    tokio::time::sleep(REDIRECT_AFTER).await;
+    let host = &ctx.settings.host_name;
+    let address = format!("amqps://{host}:5671/{}/{rest}", ctx.settings.hub_name);
+    tracing::info!(%address, "messages/events receiver redirected");
+    let _ = link
+        .close_with_error(errors::redirect(host, &address))
+        .await;
 }

@@ -74,6 +74,25 @@ pub fn unauthorized(reason: &str) -> Error {
     )
 }
 
+/// The redirect of a receiver on IoT Hub's `messages/events/...` to the built-in endpoint's
+/// Event Hubs-compatible address (AMQ-8): `hostname`, `network-host`, `port` (an int) and
+/// `address`, with symbol keys, as the official samples read them.
+pub fn redirect(host: &str, address: &str) -> Error {
+    let mut info = Fields::default();
+    info.insert(Symbol::from("hostname"), Value::String(host.to_string()));
+    info.insert(
+        Symbol::from("network-host"),
+        Value::String(host.to_string()),
+    );
+    info.insert(Symbol::from("port"), Value::Int(5671));
+    info.insert(Symbol::from("address"), Value::String(address.to_string()));
+    Error::new(
+        LinkError::Redirect,
+        format!("the built-in endpoint is the Event Hubs-compatible entity at {address}"),
+        Some(info),
+    )
+}
+
 /// A failure of the hub itself (storage).
 pub fn internal(message: &str) -> Error {
     error(AmqpError::InternalError, "ServerError", 500001, message)

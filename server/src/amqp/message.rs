@@ -114,7 +114,7 @@ fn uuid_text(b: &[u8; 16]) -> String {
 
 /// An application property's value as text: strings as they are, numbers and booleans as
 /// written in JSON.
-fn simple_text(value: &SimpleValue) -> String {
+pub(crate) fn simple_text(value: &SimpleValue) -> String {
     match value {
         SimpleValue::String(s) => s.clone(),
         SimpleValue::Symbol(s) => s.0.clone(),
@@ -139,7 +139,7 @@ fn simple_text(value: &SimpleValue) -> String {
 }
 
 /// The body's bytes: data sections joined, or a string or binary value.
-fn body_bytes(body: &Body<Value>) -> Result<Vec<u8>, BadMessage> {
+pub(crate) fn body_bytes(body: &Body<Value>) -> Result<Vec<u8>, BadMessage> {
     match body {
         Body::Data(sections) => Ok(sections.iter().flat_map(|d| d.0.iter().copied()).collect()),
         Body::Value(v) => match &v.0 {

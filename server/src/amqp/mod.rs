@@ -44,6 +44,7 @@ mod c2d_send;
 mod cbs;
 mod claims;
 pub mod connection;
+pub(crate) mod device;
 mod entity;
 mod errors;
 mod event_message;

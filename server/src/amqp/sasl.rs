@@ -6,6 +6,8 @@
 //!   token) and the password a policy's SAS token or key; checked here, and the connection
 //!   starts with that claim. Wrong credentials end SASL with outcome `auth`.
 //!
+//! - `PLAIN` with user `{deviceId}@sas.{hub}` (or a module's): a device; its token is kept
+//!   for [`super::device`], which checks it when the identity's first link attaches.
 //! - `PLAIN` with user `{idScope}/registrations/{registrationId}`: a provisioning registration;
 //!   its token is kept for [`super::provisioning`], which checks it with each request.
 //!
@@ -17,6 +19,8 @@ use fe2o3_amqp::types::primitives::{Array, Symbol};
 use fe2o3_amqp::types::sasl::{SaslCode, SaslInit, SaslOutcome, SaslResponse};
 
 use super::claims::Claims;
+use super::device::credentials::plain_user;
+use super::device::DeviceCredentials;
 use super::provisioning::{is_registration_user, DeviceCredential};
 use crate::hub::Authenticator;
 
@@ -31,14 +35,24 @@ pub struct HubSasl {
     auth: Authenticator,
     claims: Claims,
     device: DeviceCredential,
+    devices: DeviceCredentials,
+    hub_name: String,
 }
 
 impl HubSasl {
-    pub fn new(auth: Authenticator, claims: Claims, device: DeviceCredential) -> Self {
+    pub fn new(
+        auth: Authenticator,
+        claims: Claims,
+        device: DeviceCredential,
+        devices: DeviceCredentials,
+        hub_name: String,
+    ) -> Self {
         HubSasl {
             auth,
             claims,
             device,
+            devices,
+            hub_name,
         }
     }
 
@@ -60,6 +74,12 @@ impl HubSasl {
         if is_registration_user(user) {
             // A provisioning registration: its token is checked with each request (DPS-1).
             self.device.set_token(password);
+            return SaslCode::Ok;
+        }
+        if let Some(who) = plain_user(user, &self.hub_name) {
+            // A device or module (AMQ-5): its token is checked against the registry when its
+            // first link attaches, since this answer cannot wait for storage.
+            self.devices.put_token(who, password.to_string());
             return SaslCode::Ok;
         }
         let claim = if password.starts_with("SharedAccessSignature ") {

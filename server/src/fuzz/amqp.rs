@@ -1,6 +1,7 @@
 //! AMQP bytes as the service endpoint reads them: the framing check, then `fe2o3-amqp`'s
 //! frame decoders exactly as its transport cuts and calls them, then what the hub reads from
-//! the frames (the node an attach names, a receiver's selector, a C2D message's fields).
+//! the frames (the node an attach names, device links included, a receiver's selector, a C2D
+//! message's fields, a device's telemetry and twin requests).
 
 use std::collections::HashMap;
 
@@ -64,6 +65,11 @@ fn read_frame(channel: u16, body: FrameBody, deliveries: &mut Deliveries) {
                 SliceReader::new(&message),
             ) {
                 let _ = c2d_from_amqp(&message);
+                // What the device links read from a transfer: telemetry's properties, a twin
+                // request's annotations, a method answer's correlation.
+                let _ = crate::amqp::device::messages::telemetry(&message);
+                let _ = crate::amqp::device::messages::annotation_text(&message, "operation");
+                let _ = crate::amqp::device::messages::correlation(&message);
             }
         }
         _ => {}

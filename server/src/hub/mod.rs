@@ -30,6 +30,7 @@ pub mod c2d;
 pub mod c2d_sweeper;
 pub mod config_content;
 pub mod configurations;
+pub mod connection_state;
 pub mod connections;
 pub mod context;
 pub mod d2c_notify;

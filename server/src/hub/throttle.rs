@@ -171,3 +171,33 @@ mod tests {
         }
     }
 }
+
+impl Throttles {
+    /// Admits a device's twin operation under its throttle and the daily quota, or the
+    /// refusal every device transport answers with: its status (429, or 403 when the quota is
+    /// used up) and JSON body.
+    pub async fn refuse_twin_operation(
+        &self,
+        op: Operation,
+        bytes: usize,
+        now: ferrohub_engine::UnixMillis,
+    ) -> Option<(u16, serde_json::Value)> {
+        if let Err(t) = self.admit(op).await {
+            let body = serde_json::json!({
+                "errorCode": 429001,
+                "message": format!("ThrottlingException: the {} throttle is exceeded", op.name()),
+                "retryAfterSeconds": t.retry_after.as_secs().max(1),
+            });
+            return Some((429, body));
+        }
+        if let Err(q) = self.quota.charge(now, bytes) {
+            let body = serde_json::json!({
+                "errorCode": 403002,
+                "message": format!("IotHubQuotaExceeded: the daily message quota is used up until {}", crate::clock::iso7(q.resets_at)),
+            });
+            return Some((403, body));
+        }
+        metrics::counter!("ferrohub_twin_operations_total", "operation" => op.name()).increment(1);
+        None
+    }
+}

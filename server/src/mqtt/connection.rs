@@ -36,11 +36,12 @@ use super::authenticate::Authenticated;
 use super::burst::TelemetryBurst;
 use super::c2d::{Delivery, SettleMode};
 use super::codec::{CodecError, MqttCodec};
-use super::lifecycle::{finish, mark_retained, publish_will};
+use super::lifecycle::{mark_retained, publish_will};
 use super::property_bag;
 use super::stop_signal::{Stop, StopSignal};
 use super::topics::{self, Feature, Inbound};
 use super::twin;
+use crate::hub::connection_state::finish;
 use crate::hub::connections::{MethodRequestOut, Outbound, Registration};
 use crate::hub::methods::MethodAnswer;
 use crate::hub::{AppendLane, HubContext};
@@ -179,7 +180,7 @@ where
                 Box::pin(publish_will(&conn.ctx, &conn.auth, &topic, payload, retain)).await;
             }
         }
-        Box::pin(finish(&conn.ctx, &conn.auth, &registration)).await;
+        Box::pin(finish(&conn.ctx, &conn.auth.who, &registration)).await;
     }
 }
 

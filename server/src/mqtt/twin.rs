@@ -74,23 +74,10 @@ async fn refusal(
     rid: &str,
     pkid: Option<u16>,
 ) -> Option<Packets> {
-    let (status, body) = if let Err(t) = ctx.throttles.admit(op).await {
-        let body = serde_json::json!({
-            "errorCode": 429001,
-            "message": format!("ThrottlingException: the {} throttle is exceeded", op.name()),
-            "retryAfterSeconds": t.retry_after.as_secs().max(1),
-        });
-        (429, body)
-    } else if let Err(q) = ctx.throttles.quota.charge(ctx.clock.now(), bytes) {
-        let body = serde_json::json!({
-            "errorCode": 403002,
-            "message": format!("IotHubQuotaExceeded: the daily message quota is used up until {}", crate::clock::iso7(q.resets_at)),
-        });
-        (403, body)
-    } else {
-        metrics::counter!("ferrohub_twin_operations_total", "operation" => op.name()).increment(1);
-        return None;
-    };
+    let (status, body) = ctx
+        .throttles
+        .refuse_twin_operation(op, bytes, ctx.clock.now())
+        .await?;
     Some(answer(
         pkid,
         response_topic(status, rid, None),

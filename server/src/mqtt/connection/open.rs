@@ -20,10 +20,10 @@ use super::{
     Answers, Connection, Delivery, MqttCodec, PeerInfo, Registration, SettleMode, TelemetryBurst,
     BUFFER_START, MAX_KEEP_ALIVE_TIMEOUT, MAX_PACKET, WRITE_BATCH,
 };
+use crate::hub::connection_state::{finish, stage_connection, Change};
 use crate::hub::connections::OUTBOUND_QUEUE;
 use crate::hub::HubContext;
 use crate::mqtt::authenticate::{authenticate, model_id_of};
-use crate::mqtt::lifecycle::{finish, stage_connection, Change};
 
 /// What an accepted CONNECT leaves for the rest of the connection.
 pub(super) struct Opened<IO> {
@@ -188,7 +188,7 @@ where
         .await
         .is_err()
     {
-        finish(&ctx, &auth, &registration).await;
+        finish(&ctx, &auth.who, &registration).await;
         return None;
     }
     tracing::info!(%client_id, peer = %peer.addr, transport = peer.transport, persistent, "connected");

@@ -1,0 +1,220 @@
+//! AMQP device links in process, through `fe2o3-amqp`'s client (AMQ-5, AMQ-6, AMQ-8): a
+//! device's CBS token authorises its own links and no other device's, telemetry is accepted
+//! only once stored and keeps its properties, an expired token is refused, and a receiver on
+//! `messages/events/$management` is redirected to the built-in endpoint. The Node device SDK
+//! drives the same code over TLS in `tests/python/test_amqp_device.py`.
+
+use std::time::Duration;
+
+use fe2o3_amqp::link::{Receiver, Sender};
+use fe2o3_amqp::sasl_profile::SaslProfile;
+use fe2o3_amqp::session::SessionHandle;
+use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition, LinkError};
+use fe2o3_amqp::types::messaging::{ApplicationProperties, Body, Message, Outcome, Properties};
+use fe2o3_amqp::types::primitives::{SimpleValue, Value};
+use fe2o3_amqp::{Connection, Session};
+use ferrohub_tests::inproc::InProcHub;
+
+/// Opens a connection with no SASL layer (as the Node device SDK does) and puts `token` on
+/// `$cbs`; the status code of the answer.
+async fn open_with_token(
+    hub: &InProcHub,
+    token: &str,
+) -> (
+    fe2o3_amqp::connection::ConnectionHandle<()>,
+    SessionHandle<()>,
+    i32,
+) {
+    let mut connection = Connection::builder()
+        .container_id("device")
+        .hostname("localhost")
+        .open_with_stream(hub.amqp_stream())
+        .await
+        .expect("open");
+    let mut session = Session::begin(&mut connection).await.expect("begin");
+    let mut cbs_tx = Sender::attach(&mut session, "cbs-tx", "$cbs")
+        .await
+        .unwrap();
+    let mut cbs_rx = Receiver::attach(&mut session, "cbs-rx", "$cbs")
+        .await
+        .unwrap();
+    let request = Message::builder()
+        .properties(Properties::builder().message_id(1u64).build())
+        .application_properties(
+            ApplicationProperties::builder()
+                .insert("operation", "put-token")
+                .insert("type", "servicebus.windows.net:sastoken")
+                .insert("name", "localhost%2Fdevices%2Fd1")
+                .build(),
+        )
+        .value(token.to_string())
+        .build();
+    cbs_tx.send(request).await.expect("put-token");
+    let reply = cbs_rx.recv::<Body<Value>>().await.expect("answer");
+    cbs_rx.accept(&reply).await.unwrap();
+    let status = match reply
+        .message()
+        .application_properties
+        .as_ref()
+        .and_then(|p| p.0.get("status-code"))
+    {
+        Some(SimpleValue::Int(s)) => *s,
+        other => panic!("status-code {other:?}"),
+    };
+    (connection, session, status)
+}
+
+fn device_token(hub: &InProcHub, device_id: &str, key: &str, expiry: u64) -> String {
+    let _ = hub;
+    ferrohub_server::auth::sas::sign(&format!("localhost/devices/{device_id}"), key, expiry, None)
+        .expect("token")
+}
+
+async fn detach_condition(link: &mut Sender) -> Option<ErrorCondition> {
+    match tokio::time::timeout(Duration::from_secs(10), link.on_detach()).await {
+        Ok(fe2o3_amqp::link::DetachError::RemoteDetachedWithError(e))
+        | Ok(fe2o3_amqp::link::DetachError::RemoteClosedWithError(e)) => Some(e.condition),
+        Ok(other) => panic!("detached without an error: {other:?}"),
+        Err(_) => None,
+    }
+}
+
+#[tokio::test]
+async fn a_device_token_opens_its_own_telemetry_link_and_events_keep_their_properties() {
+    let hub = InProcHub::start().await;
+    let key = hub.create_device("d1").await;
+    hub.create_device("d2").await;
+    let token = device_token(&hub, "d1", &key, hub.ctx.clock.now_secs() + 3600);
+    let (_connection, mut session, status) = open_with_token(&hub, &token).await;
+    assert_eq!(status, 200);
+
+    let mut events = Sender::attach(&mut session, "d2c", "/devices/d1/messages/events")
+        .await
+        .expect("attach telemetry");
+    let message = Message::builder()
+        .properties(
+            Properties::builder()
+                .message_id(String::from("m-1"))
+                .correlation_id(String::from("c-1"))
+                .content_type("application/json")
+                .build(),
+        )
+        .application_properties(
+            ApplicationProperties::builder()
+                .insert("alpha", "5")
+                .build(),
+        )
+        .data(br#"{"t":21.5}"#.to_vec())
+        .build();
+    let outcome = events.send(message).await.expect("sent");
+    assert!(matches!(outcome, Outcome::Accepted(_)), "{outcome:?}");
+
+    // Accepted means stored: the event is readable at once, with its properties.
+    let mut found = None;
+    for p in 0..4 {
+        let (_, body) = hub
+            .rest(
+                "GET",
+                &format!("/events/consumergroups/$Default/partitions/{p}/messages?from=start"),
+                None,
+            )
+            .await;
+        if let Some(e) = body["events"].as_array().and_then(|e| e.first()) {
+            found = Some(e.clone());
+        }
+    }
+    let event = found.expect("the accepted event is stored");
+    let system = &event["systemProperties"];
+    assert_eq!(system["message-id"], "m-1");
+    assert_eq!(system["correlation-id"], "c-1");
+    assert_eq!(system["content-type"], "application/json");
+    assert_eq!(system["iothub-connection-device-id"], "d1");
+    assert_eq!(event["properties"]["alpha"], "5");
+
+    // The same connection may not open another device's links.
+    let mut other = Sender::attach(&mut session, "d2c-other", "/devices/d2/messages/events")
+        .await
+        .expect("attach answered");
+    assert_eq!(
+        detach_condition(&mut other).await,
+        Some(AmqpError::UnauthorizedAccess.into())
+    );
+    let (_, d1) = hub
+        .rest("GET", "/devices/d1?api-version=2021-04-12", None)
+        .await;
+    assert_eq!(d1["connectionState"], "Connected");
+}
+
+#[tokio::test]
+async fn an_expired_or_foreign_token_opens_nothing() {
+    let hub = InProcHub::start().await;
+    let key = hub.create_device("d1").await;
+    let other_key = hub.create_device("d2").await;
+    // d2's key signing a token for d1: CBS refuses it, and no link of d1 opens.
+    let forged = device_token(&hub, "d1", &other_key, hub.ctx.clock.now_secs() + 3600);
+    let (_c, mut session, status) = open_with_token(&hub, &forged).await;
+    assert_eq!(status, 401);
+    let mut events = Sender::attach(&mut session, "d2c", "/devices/d1/messages/events")
+        .await
+        .expect("attach answered");
+    assert_eq!(
+        detach_condition(&mut events).await,
+        Some(AmqpError::UnauthorizedAccess.into())
+    );
+    let expired = device_token(&hub, "d1", &key, hub.ctx.clock.now_secs() - 10);
+    let (_c, _session, status) = open_with_token(&hub, &expired).await;
+    assert_eq!(status, 401);
+    let (_, d1) = hub
+        .rest("GET", "/devices/d1?api-version=2021-04-12", None)
+        .await;
+    assert_eq!(d1["connectionState"], "Disconnected");
+}
+
+#[tokio::test]
+async fn a_messages_events_receiver_is_redirected_to_the_built_in_endpoint() {
+    let hub = InProcHub::start().await;
+    let token = hub.policy_token("service", hub.ctx.clock.now_secs() + 3600);
+    let mut connection = Connection::builder()
+        .container_id("monitor")
+        .hostname("localhost")
+        .sasl_profile(SaslProfile::Plain {
+            username: format!("service@sas.root.{}", hub.ctx.settings.hub_name),
+            password: token,
+        })
+        .open_with_stream(hub.amqp_stream())
+        .await
+        .expect("open");
+    let mut session = Session::begin(&mut connection).await.expect("begin");
+    let mut receiver = Receiver::attach(
+        &mut session,
+        "monitor",
+        "amqps://localhost/messages/events/$management",
+    )
+    .await
+    .expect("attach answered");
+    let received = tokio::time::timeout(Duration::from_secs(10), receiver.recv::<Body<Value>>())
+        .await
+        .expect("redirected in time");
+    use fe2o3_amqp::link::{LinkStateError, RecvError};
+    let error = match received {
+        Err(RecvError::LinkStateError(
+            LinkStateError::RemoteDetachedWithError(e) | LinkStateError::RemoteClosedWithError(e),
+        )) => e,
+        other => panic!("not a detach with an error: {other:?}"),
+    };
+    assert_eq!(error.condition, LinkError::Redirect.into());
+    let info = error.info.expect("redirect info");
+    let get = |k: &str| {
+        info.get(&fe2o3_amqp::types::primitives::Symbol::from(k))
+            .cloned()
+    };
+    assert_eq!(get("hostname"), Some(Value::String("localhost".into())));
+    assert_eq!(get("port"), Some(Value::Int(5671)));
+    assert_eq!(
+        get("address"),
+        Some(Value::String(format!(
+            "amqps://localhost:5671/{}/$management",
+            hub.ctx.settings.hub_name
+        )))
+    );
+}
