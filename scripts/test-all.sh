@@ -28,7 +28,7 @@ FERROHUB_TEST_CLUSTER=1 "$FERROHUB_VENV/bin/python" -m pytest -q -c tests/python
     tests/python/test_event_hubs_sections.py tests/python/test_pnp.py tests/python/test_node_sdk.py \
     tests/python/test_configurations_sdk.py tests/python/test_scheduled_jobs_sdk.py \
     tests/python/test_node_jobs.py tests/python/test_node_fleet.py \
-    tests/python/test_dps_python.py tests/python/test_dps_node.py
+    tests/python/test_dps_python.py tests/python/test_dps_node.py tests/python/test_amqp_device.py
 
 # A few seconds of each coverage-guided fuzz target (cargo-fuzz needs the nightly toolchain;
 # without it the stable replay smoke in server/tests/fuzz_replay.rs, run above, is what runs).

@@ -104,6 +104,9 @@ pub fn parse_scope(resource: &str, host_name: &str) -> Result<Scope, AuthError> 
             module_id: None,
         }),
         [_entity, ..] if event_hubs_form => Ok(Scope::Hub),
+        // The built-in endpoint by IoT Hub's own name: monitoring tools and the Event Hubs
+        // samples sign `{host}/messages/events` before they are redirected (AMQ-8).
+        ["messages", "events", ..] => Ok(Scope::Hub),
         _ => Err(AuthError::BadResource(resource.to_string())),
     }
 }
@@ -221,6 +224,11 @@ mod tests {
     #[test]
     fn scopes() {
         assert_eq!(parse_scope("localhost", "localhost").unwrap(), Scope::Hub);
+        assert_eq!(
+            parse_scope("localhost/messages/events", "localhost").unwrap(),
+            Scope::Hub
+        );
+        assert!(parse_scope("localhost/messages/devicebound", "localhost").is_err());
         assert_eq!(
             parse_scope("LOCALHOST:8443", "localhost").unwrap(),
             Scope::Hub

@@ -23,6 +23,7 @@ use mqtt::packet::{DisconnectPacket, VariablePacket};
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
+mod amqp_devices;
 mod c2d;
 mod methods;
 mod responders;
@@ -41,6 +42,8 @@ enum Transport {
     Quic,
     /// MQTT over WebSocket on the HTTPS port (`--https-port`).
     Ws,
+    /// AMQP device links on `--amqp-port` (telemetry only, ferrohub only).
+    Amqp,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, PartialEq, Eq)]
@@ -175,6 +178,7 @@ fn mqtt_port(args: &Args) -> u16 {
         Transport::Tls => args.mqtt_port,
         Transport::Quic => args.quic_port,
         Transport::Ws => args.https_port,
+        Transport::Amqp => args.amqp_port,
     }
 }
 
@@ -185,6 +189,8 @@ fn dialer_of(args: &Args, tls: &tokio_rustls::TlsConnector) -> Result<client::Di
         Transport::Quic => {
             client::Dialer::quic(&args.ca, args.quic_tail_probe).map_err(|e| format!("{e:#}"))
         }
+        // AMQP devices dial with the TLS connector themselves (`amqp_devices`).
+        Transport::Amqp => Ok(tls.clone().into()),
     }
 }
 
@@ -402,17 +408,29 @@ async fn main() -> anyhow::Result<()> {
     let dialer = dialer_of(&args, &tls).map_err(anyhow::Error::msg)?;
     let gate = Arc::new(Semaphore::new(args.connect_concurrency.max(1)));
     let barrier = Arc::new(tokio::sync::Barrier::new(ids.len() + 1));
+    if args.transport == Transport::Amqp && (args.scenario != Scenario::Telemetry || key.is_none())
+    {
+        anyhow::bail!("--transport amqp sends telemetry to ferrohub only");
+    }
     let handles: Vec<_> = ids
         .iter()
-        .map(|id| {
-            tokio::spawn(run_device(
+        .map(|id| match (args.transport, &key) {
+            (Transport::Amqp, Some(key)) => tokio::spawn(amqp_devices::run_device(
+                Arc::clone(&args),
+                tls.clone(),
+                id.clone(),
+                key.clone(),
+                Arc::clone(&gate),
+                Arc::clone(&barrier),
+            )),
+            _ => tokio::spawn(run_device(
                 Arc::clone(&args),
                 dialer.clone(),
                 id.clone(),
                 key.clone(),
                 Arc::clone(&gate),
                 Arc::clone(&barrier),
-            ))
+            )),
         })
         .collect();
     // Everyone connected (or failed): the clock starts.

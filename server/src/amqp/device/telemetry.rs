@@ -1,90 +1,138 @@
 //! The telemetry link (`/devices/{d}[/modules/{m}]/messages/events`): each transfer becomes a
 //! device message, throttled and metered like MQTT telemetry, and is accepted only once it is
-//! durable in every endpoint it was routed to. A message the hub refuses is rejected with IoT
+//! durable in every endpoint it was routed to; up to [`WINDOW`] wait for their write while the
+//! link reads on, accepted in the order they were sent. A message the hub refuses is rejected with IoT
 //! Hub's condition; the link goes on.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
+use fe2o3_amqp::link::delivery::Delivery;
 use fe2o3_amqp::link::Receiver;
+use fe2o3_amqp::types::definitions::Error;
 use fe2o3_amqp::types::messaging::Body;
 use fe2o3_amqp::types::primitives::Value;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 
 use super::{messages, Attached};
 use crate::amqp::errors;
 use crate::hub::HubContext;
 use crate::telemetry;
 
+/// A transfer waiting for its write, and the write's result.
+type Stored =
+    Pin<Box<dyn Future<Output = (Vec<Delivery<Body<Value>>>, Result<(), String>)> + Send>>;
+
+/// Most transfers appended together.
+const BURST: usize = 64;
+
+/// Appends a link may have waiting for their write, as an MQTT connection's PUBACK window.
+const WINDOW: usize = 64;
+
 pub async fn serve(mut link: Receiver, ctx: HubContext, attached: Arc<Attached>) {
     let lane = ctx.telemetry_lane();
     let who = attached.auth.who.clone();
     // The device's share of the D2C throttle, kept across the link's messages.
     let mut mark = Default::default();
+    // Appends in flight, each with its deliveries; the lane keeps their order, and each is
+    // accepted as it becomes durable while the link keeps reading (as MQTT's PUBACK window).
+    let mut pending: FuturesUnordered<Stored> = FuturesUnordered::new();
     loop {
-        let delivery = match link.recv::<Body<Value>>().await {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::debug!(identity = %who, error = %e, "AMQP telemetry link ended");
-                break;
+        tokio::select! {
+            Some((deliveries, stored)) = pending.next(), if !pending.is_empty() => {
+                let mut settled = Ok(());
+                for delivery in &deliveries {
+                    settled = match &stored {
+                        Ok(()) => link.accept(delivery).await,
+                        Err(e) => {
+                            tracing::warn!(identity = %who, error = %e, "AMQP telemetry not stored");
+                            link.reject(delivery, errors::internal(e)).await
+                        }
+                    };
+                    if settled.is_err() {
+                        break;
+                    }
+                }
+                if settled.is_err() {
+                    break;
+                }
             }
-        };
-        let message = match messages::telemetry(delivery.message()) {
-            Ok(m) => m,
-            Err(e) => {
-                let _ = link.reject(&delivery, errors::bad_message(&e)).await;
-                continue;
+            received = link.recv::<Body<Value>>(), if pending.len() < WINDOW => {
+                let mut next = Some(received);
+                let (mut events, mut deliveries) = (Vec::new(), Vec::new());
+                let mut ended = false;
+                // The transfers already received make one append (one engine batch, as an
+                // MQTT read burst does); a transfer not yet complete is left for the next turn.
+                while let Some(received) = next.take() {
+                    let delivery = match received {
+                        Ok(d) => d,
+                        Err(e) => {
+                            tracing::debug!(identity = %who, error = %e, "AMQP telemetry link ended");
+                            ended = true;
+                            break;
+                        }
+                    };
+                    match admit(&ctx, &attached, &mut mark, &delivery).await {
+                        Ok(event) => {
+                            events.push(event);
+                            deliveries.push(delivery);
+                        }
+                        Err(error) => {
+                            if link.reject(&delivery, error).await.is_err() {
+                                ended = true;
+                                break;
+                            }
+                        }
+                    }
+                    if deliveries.len() < BURST {
+                        next = link.recv::<Body<Value>>().now_or_never();
+                    }
+                }
+                if !events.is_empty() {
+                    let append = ctx
+                        .append_telemetry(&lane, events, who.module_id.clone())
+                        .await;
+                    pending.push(Box::pin(async move {
+                        (deliveries, append.await.map(drop).map_err(|e| e.to_string()))
+                    }));
+                }
+                if ended {
+                    break;
+                }
             }
-        };
-        if let Err(t) = ctx
-            .throttles
-            .d2c
-            .admit(&who.device_id, &mut mark, std::time::Duration::ZERO)
-            .await
-        {
-            let throttled = crate::hub::throttle::Throttled {
-                operation: crate::hub::throttle::Operation::D2cSend,
-                retry_after: t.retry_after(),
-            };
-            let _ = link.reject(&delivery, errors::throttled(&throttled)).await;
-            continue;
-        }
-        if let Err(q) = ctx
-            .throttles
-            .quota
-            .charge(ctx.clock.now(), message.body.len())
-        {
-            let _ = link.reject(&delivery, errors::quota_exceeded(&q)).await;
-            continue;
-        }
-        let event = match telemetry::to_event(&attached.auth.record, attached.auth.method, message)
-        {
-            Ok(e) => e,
-            Err(e) => {
-                let _ = link
-                    .reject(
-                        &delivery,
-                        errors::bad_message(&crate::amqp::message::BadMessage::TooLarge(
-                            e.to_string(),
-                        )),
-                    )
-                    .await;
-                continue;
-            }
-        };
-        let appended = ctx
-            .append_telemetry(&lane, vec![event], who.module_id.clone())
-            .await
-            .await;
-        let settled = match appended {
-            Ok(_) => link.accept(&delivery).await,
-            Err(e) => {
-                tracing::warn!(identity = %who, error = %e, "AMQP telemetry not stored");
-                link.reject(&delivery, errors::internal(&e.to_string()))
-                    .await
-            }
-        };
-        if settled.is_err() {
-            break;
         }
     }
     let _ = link.close().await;
+}
+
+/// The stored event a transfer becomes, or the condition it is rejected with: a malformed
+/// message, the D2C throttle, the daily quota, the size limit.
+async fn admit(
+    ctx: &HubContext,
+    attached: &Attached,
+    mark: &mut crate::hub::fair_share::SenderMark,
+    delivery: &Delivery<Body<Value>>,
+) -> Result<ferrohub_engine::d2c::NewEvent, Error> {
+    let who = &attached.auth.who;
+    let message = messages::telemetry(delivery.message()).map_err(|e| errors::bad_message(&e))?;
+    if let Err(t) = ctx
+        .throttles
+        .d2c
+        .admit(&who.device_id, mark, std::time::Duration::ZERO)
+        .await
+    {
+        return Err(errors::throttled(&crate::hub::throttle::Throttled {
+            operation: crate::hub::throttle::Operation::D2cSend,
+            retry_after: t.retry_after(),
+        }));
+    }
+    ctx.throttles
+        .quota
+        .charge(ctx.clock.now(), message.body.len())
+        .map_err(|q| errors::quota_exceeded(&q))?;
+    telemetry::to_event(&attached.auth.record, attached.auth.method, message).map_err(|e| {
+        errors::bad_message(&crate::amqp::message::BadMessage::TooLarge(e.to_string()))
+    })
 }
