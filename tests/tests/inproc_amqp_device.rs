@@ -1,6 +1,7 @@
 //! AMQP device links in process, through `fe2o3-amqp`'s client (AMQ-5, AMQ-6, AMQ-8): a
 //! device's CBS token authorises its own links and no other device's, telemetry is accepted
-//! only once stored and keeps its properties, an expired token is refused, and a receiver on
+//! only once stored and keeps its properties, one connection may carry several identities (as
+//! IoT Edge multiplexes), an expired token is refused, and a receiver on
 //! `messages/events/$management` is redirected to the built-in endpoint. The Node device SDK
 //! drives the same code over TLS in `tests/python/test_amqp_device.py`.
 
@@ -25,6 +26,19 @@ async fn open_with_token(
     SessionHandle<()>,
     i32,
 ) {
+    let (connection, session, mut cbs) = open(hub).await;
+    let status = cbs.put_token("localhost%2Fdevices%2Fd1", token).await;
+    (connection, session, status)
+}
+
+/// A connection with no SASL layer, a session, and its `$cbs` link pair.
+async fn open(
+    hub: &InProcHub,
+) -> (
+    fe2o3_amqp::connection::ConnectionHandle<()>,
+    SessionHandle<()>,
+    Cbs,
+) {
     let mut connection = Connection::builder()
         .container_id("device")
         .hostname("localhost")
@@ -32,36 +46,65 @@ async fn open_with_token(
         .await
         .expect("open");
     let mut session = Session::begin(&mut connection).await.expect("begin");
-    let mut cbs_tx = Sender::attach(&mut session, "cbs-tx", "$cbs")
+    let tx = Sender::attach(&mut session, "cbs-tx", "$cbs")
         .await
         .unwrap();
-    let mut cbs_rx = Receiver::attach(&mut session, "cbs-rx", "$cbs")
+    let rx = Receiver::attach(&mut session, "cbs-rx", "$cbs")
         .await
         .unwrap();
-    let request = Message::builder()
-        .properties(Properties::builder().message_id(1u64).build())
-        .application_properties(
-            ApplicationProperties::builder()
-                .insert("operation", "put-token")
-                .insert("type", "servicebus.windows.net:sastoken")
-                .insert("name", "localhost%2Fdevices%2Fd1")
-                .build(),
-        )
-        .value(token.to_string())
-        .build();
-    cbs_tx.send(request).await.expect("put-token");
-    let reply = cbs_rx.recv::<Body<Value>>().await.expect("answer");
-    cbs_rx.accept(&reply).await.unwrap();
-    let status = match reply
-        .message()
-        .application_properties
-        .as_ref()
-        .and_then(|p| p.0.get("status-code"))
-    {
-        Some(SimpleValue::Int(s)) => *s,
-        other => panic!("status-code {other:?}"),
-    };
-    (connection, session, status)
+    (connection, session, Cbs { tx, rx, next_id: 1 })
+}
+
+struct Cbs {
+    tx: Sender,
+    rx: Receiver,
+    next_id: u64,
+}
+
+impl Cbs {
+    /// Puts a SAS token for `audience` (URL-encoded, as the SDKs send it); the status code.
+    async fn put_token(&mut self, audience: &str, token: &str) -> i32 {
+        let request = Message::builder()
+            .properties(Properties::builder().message_id(self.next_id).build())
+            .application_properties(
+                ApplicationProperties::builder()
+                    .insert("operation", "put-token")
+                    .insert("type", "servicebus.windows.net:sastoken")
+                    .insert("name", audience)
+                    .build(),
+            )
+            .value(token.to_string())
+            .build();
+        self.next_id += 1;
+        self.tx.send(request).await.expect("put-token");
+        let reply = self.rx.recv::<Body<Value>>().await.expect("answer");
+        self.rx.accept(&reply).await.unwrap();
+        match reply
+            .message()
+            .application_properties
+            .as_ref()
+            .and_then(|p| p.0.get("status-code"))
+        {
+            Some(SimpleValue::Int(s)) => *s,
+            other => panic!("status-code {other:?}"),
+        }
+    }
+}
+
+/// The first event of each partition of the built-in endpoint, by the device that sent it.
+async fn stored_events(hub: &InProcHub) -> Vec<serde_json::Value> {
+    let mut all = Vec::new();
+    for p in 0..4 {
+        let (_, body) = hub
+            .rest(
+                "GET",
+                &format!("/events/consumergroups/$Default/partitions/{p}/messages?from=start"),
+                None,
+            )
+            .await;
+        all.extend(body["events"].as_array().cloned().unwrap_or_default());
+    }
+    all
 }
 
 fn device_token(hub: &InProcHub, device_id: &str, key: &str, expiry: u64) -> String {
@@ -217,4 +260,75 @@ async fn a_messages_events_receiver_is_redirected_to_the_built_in_endpoint() {
             hub.ctx.settings.hub_name
         )))
     );
+}
+
+/// IoT Edge's shape: one connection carries several identities, each with its own CBS token,
+/// and each link is checked against the identity its address names.
+#[tokio::test]
+async fn one_connection_carries_several_identities_each_on_its_own_links() {
+    let hub = InProcHub::start().await;
+    let keys = [
+        hub.create_device("edge1").await,
+        hub.create_device("leaf1").await,
+    ];
+    hub.create_device("stranger").await;
+    let expiry = hub.ctx.clock.now_secs() + 3600;
+    let (_connection, mut session, mut cbs) = open(&hub).await;
+    for (id, key) in ["edge1", "leaf1"].iter().zip(&keys) {
+        let token = device_token(&hub, id, key, expiry);
+        let audience = format!("localhost%2Fdevices%2F{id}");
+        assert_eq!(cbs.put_token(&audience, &token).await, 200, "{id}");
+    }
+    for id in ["edge1", "leaf1"] {
+        let mut link = Sender::attach(
+            &mut session,
+            format!("d2c-{id}"),
+            format!("/devices/{id}/messages/events"),
+        )
+        .await
+        .expect("attach telemetry");
+        let message = Message::builder()
+            .properties(
+                Properties::builder()
+                    .message_id(format!("from-{id}"))
+                    .build(),
+            )
+            .data(id.as_bytes().to_vec())
+            .build();
+        let outcome = link.send(message).await.expect("sent");
+        assert!(matches!(outcome, Outcome::Accepted(_)), "{id}: {outcome:?}");
+    }
+    // A third identity with no token on this connection opens nothing.
+    let mut stranger = Sender::attach(
+        &mut session,
+        "d2c-stranger",
+        "/devices/stranger/messages/events",
+    )
+    .await
+    .expect("attach answered");
+    assert_eq!(
+        detach_condition(&mut stranger).await,
+        Some(AmqpError::UnauthorizedAccess.into())
+    );
+    let events = stored_events(&hub).await;
+    for id in ["edge1", "leaf1"] {
+        let event = events
+            .iter()
+            .find(|e| e["systemProperties"]["message-id"] == format!("from-{id}"))
+            .unwrap_or_else(|| panic!("{id}'s event is stored"));
+        assert_eq!(event["systemProperties"]["iothub-connection-device-id"], id);
+    }
+    assert!(events
+        .iter()
+        .all(|e| e["systemProperties"]["iothub-connection-device-id"] != "stranger"));
+    for id in ["edge1", "leaf1"] {
+        let (_, device) = hub
+            .rest(
+                "GET",
+                &format!("/devices/{id}?api-version=2021-04-12"),
+                None,
+            )
+            .await;
+        assert_eq!(device["connectionState"], "Connected", "{id}");
+    }
 }

@@ -1,8 +1,13 @@
 //! The telemetry link (`/devices/{d}[/modules/{m}]/messages/events`): each transfer becomes a
-//! device message, throttled and metered like MQTT telemetry, and is accepted only once it is
-//! durable in every endpoint it was routed to; up to [`WINDOW`] wait for their write while the
-//! link reads on, accepted in the order they were sent. A message the hub refuses is rejected with IoT
-//! Hub's condition; the link goes on.
+//! device message (a batch transfer, several), throttled and metered like MQTT telemetry, and
+//! is accepted only once it is durable in every endpoint it was routed to; up to [`WINDOW`]
+//! appends wait for their write while the link reads on, accepted in the order they were sent.
+//! A message the hub refuses is rejected with IoT Hub's condition; the link goes on.
+//!
+//! # Invariants
+//! - A batch transfer is one unit: all of its messages are stored, or it is rejected whole.
+//! - Dispositions of an append's transfers go out together (one frame per run of consecutive
+//!   delivery ids), after the append is durable.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,15 +16,19 @@ use std::sync::Arc;
 use fe2o3_amqp::link::delivery::Delivery;
 use fe2o3_amqp::link::Receiver;
 use fe2o3_amqp::types::definitions::Error;
-use fe2o3_amqp::types::messaging::Body;
+use fe2o3_amqp::types::messaging::message::DecodeIntoMessage;
+use fe2o3_amqp::types::messaging::{Body, Message};
 use fe2o3_amqp::types::primitives::Value;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 
+use serde_amqp::read::SliceReader;
+
 use super::{messages, Attached};
 use crate::amqp::errors;
+use crate::amqp::message::BadMessage;
 use crate::hub::HubContext;
-use crate::telemetry;
+use crate::telemetry::{self, DeviceMessage};
 
 /// A transfer waiting for its write, and the write's result.
 type Stored =
@@ -42,19 +51,13 @@ pub async fn serve(mut link: Receiver, ctx: HubContext, attached: Arc<Attached>)
     loop {
         tokio::select! {
             Some((deliveries, stored)) = pending.next(), if !pending.is_empty() => {
-                let mut settled = Ok(());
-                for delivery in &deliveries {
-                    settled = match &stored {
-                        Ok(()) => link.accept(delivery).await,
-                        Err(e) => {
-                            tracing::warn!(identity = %who, error = %e, "AMQP telemetry not stored");
-                            link.reject(delivery, errors::internal(e)).await
-                        }
-                    };
-                    if settled.is_err() {
-                        break;
+                let settled = match &stored {
+                    Ok(()) => link.accept_all(&deliveries).await,
+                    Err(e) => {
+                        tracing::warn!(identity = %who, error = %e, "AMQP telemetry not stored");
+                        link.reject_all(&deliveries, errors::internal(e)).await
                     }
-                }
+                };
                 if settled.is_err() {
                     break;
                 }
@@ -75,8 +78,8 @@ pub async fn serve(mut link: Receiver, ctx: HubContext, attached: Arc<Attached>)
                         }
                     };
                     match admit(&ctx, &attached, &mut mark, &delivery).await {
-                        Ok(event) => {
-                            events.push(event);
+                        Ok(admitted) => {
+                            events.extend(admitted);
                             deliveries.push(delivery);
                         }
                         Err(error) => {
@@ -107,16 +110,25 @@ pub async fn serve(mut link: Receiver, ctx: HubContext, attached: Arc<Attached>)
     let _ = link.close().await;
 }
 
-/// The stored event a transfer becomes, or the condition it is rejected with: a malformed
-/// message, the D2C throttle, the daily quota, the size limit.
+/// The AMQP message format of a batch (the SDKs' `SendEventBatch`): each data section of the
+/// body is one whole encoded message.
+const BATCH_FORMAT: u32 = 0x8001_3700;
+
+/// The stored events a transfer becomes, or the condition it is rejected with: a malformed
+/// message, the D2C throttle, the daily quota, the size limit (a batch's messages together).
 async fn admit(
     ctx: &HubContext,
     attached: &Attached,
     mark: &mut crate::hub::fair_share::SenderMark,
     delivery: &Delivery<Body<Value>>,
-) -> Result<ferrohub_engine::d2c::NewEvent, Error> {
+) -> Result<Vec<ferrohub_engine::d2c::NewEvent>, Error> {
     let who = &attached.auth.who;
-    let message = messages::telemetry(delivery.message()).map_err(|e| errors::bad_message(&e))?;
+    let device_messages = if *delivery.message_format() == Some(BATCH_FORMAT) {
+        batch(delivery.message())
+    } else {
+        messages::telemetry(delivery.message()).map(|m| vec![m])
+    }
+    .map_err(|e| errors::bad_message(&e))?;
     if let Err(t) = ctx
         .throttles
         .d2c
@@ -128,11 +140,48 @@ async fn admit(
             retry_after: t.retry_after(),
         }));
     }
+    let bytes = device_messages.iter().map(|m| m.body.len()).sum();
     ctx.throttles
         .quota
-        .charge(ctx.clock.now(), message.body.len())
+        .charge(ctx.clock.now(), bytes)
         .map_err(|q| errors::quota_exceeded(&q))?;
-    telemetry::to_event(&attached.auth.record, attached.auth.method, message).map_err(|e| {
-        errors::bad_message(&crate::amqp::message::BadMessage::TooLarge(e.to_string()))
-    })
+    device_messages
+        .into_iter()
+        .map(|message| {
+            telemetry::to_event(&attached.auth.record, attached.auth.method, message)
+                .map_err(|e| errors::bad_message(&BadMessage::TooLarge(e.to_string())))
+        })
+        .collect()
+}
+
+/// The messages of a batch transfer, each decoded from its data section. The batch as a whole
+/// is held to one message's size limit, as IoT Hub holds it.
+fn batch(outer: &Message<Body<Value>>) -> Result<Vec<DeviceMessage>, BadMessage> {
+    let Body::Data(sections) = &outer.body else {
+        return Err(BadMessage::Field(
+            "a batch message's body must be data sections".into(),
+        ));
+    };
+    let total: usize = sections.iter().map(|d| d.0.len()).sum();
+    if total > telemetry::MAX_MESSAGE_BYTES {
+        return Err(BadMessage::TooLarge(format!(
+            "the batch is {total} bytes; at most {} are allowed",
+            telemetry::MAX_MESSAGE_BYTES
+        )));
+    }
+    sections
+        .iter()
+        .enumerate()
+        .map(|(i, section)| {
+            let inner = <Body<Value> as DecodeIntoMessage>::decode_message_from_reader(
+                SliceReader::new(&section.0),
+            )
+            .map_err(|e| {
+                BadMessage::Field(format!(
+                    "message {i} of the batch is not an AMQP message: {e}"
+                ))
+            })?;
+            messages::telemetry(&inner)
+        })
+        .collect()
 }
