@@ -83,6 +83,12 @@ ensure_nats() {
     fi
 }
 
+# Debian's Chromium for the web console's browser tests (Playwright drives /usr/bin/chromium;
+# it never downloads a browser of its own).
+ensure_browser() {
+    ensure_apt chromium
+}
+
 # What a cluster on loopback needs besides the hub (scripts/run-cluster.sh).
 ensure_cluster_tools() {
     ensure_nats

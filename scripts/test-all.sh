@@ -9,6 +9,8 @@ ensure_python_env
 ensure_node_env
 # Cluster mode's suites: a pinned nats-server and HAProxy in front (scripts/run-cluster.sh).
 ensure_cluster_tools
+# The web console's browser tests.
+ensure_browser
 
 # One cargo invocation shape everywhere (workspace, all targets): a different package or target
 # selection changes feature unification and would rebuild RocksDB's C++ from scratch.
@@ -28,7 +30,8 @@ FERROHUB_TEST_CLUSTER=1 "$FERROHUB_VENV/bin/python" -m pytest -q -c tests/python
     tests/python/test_event_hubs_sections.py tests/python/test_pnp.py tests/python/test_node_sdk.py \
     tests/python/test_configurations_sdk.py tests/python/test_scheduled_jobs_sdk.py \
     tests/python/test_node_jobs.py tests/python/test_node_fleet.py \
-    tests/python/test_dps_python.py tests/python/test_dps_node.py tests/python/test_amqp_device.py
+    tests/python/test_dps_python.py tests/python/test_dps_node.py tests/python/test_amqp_device.py \
+    tests/python/test_console.py
 
 # A few seconds of each coverage-guided fuzz target (cargo-fuzz needs the nightly toolchain;
 # without it the stable replay smoke in server/tests/fuzz_replay.rs, run above, is what runs).

@@ -46,6 +46,7 @@ pub mod c2d_message;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod console;
 pub mod error_codes;
 pub mod fuzz;
 pub mod hub;

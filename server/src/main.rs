@@ -33,28 +33,44 @@ struct Cli {
     log_format: LogFormat,
 }
 
+/// `info`, without the AMQP library's own messages: it logs ordinary peer behaviour (a client
+/// closing its connection, a session starting) as warnings and errors, which would drown the
+/// real ones (and fill the console's recent errors). The hub logs each AMQP connection's and
+/// link's outcome itself; `FERROHUB_LOG=info,fe2o3_amqp=debug` brings the library's back.
+const DEFAULT_LOG: &str = "info,fe2o3_amqp=off";
+
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum LogFormat {
     Text,
     Json,
 }
 
-/// Logs go to stderr; the level comes from `FERROHUB_LOG` (default `info`).
+/// Logs go to stderr; the level comes from `FERROHUB_LOG` (default [`DEFAULT_LOG`]).
 fn init_logging(format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("FERROHUB_LOG")
-        .unwrap_or_else(|_| "info".into());
+        .unwrap_or_else(|_| DEFAULT_LOG.into());
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
+    // The console's overview shows the last warnings and errors, kept beside the log.
+    let recent = ferrohub_server::console::recent_log::RecentLog;
     match format {
         LogFormat::Json => builder
             .json()
             .flatten_event(true)
             .with_current_span(false)
+            .finish()
+            .with(recent)
             .init(),
         // Escape codes only where a terminal will render them, never into a log file.
-        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .finish()
+            .with(recent)
+            .init(),
     }
 }
 

@@ -535,6 +535,13 @@ async fn serve_store(
         .map_err(|e| NodeError::Other(format!("QUIC endpoint address: {e}")))?;
     let services = Services::start(store, hub, config, clock, &shutdown).await?;
     let ctx = services.ctx.clone();
+    let console_node = crate::console::NodeInfo {
+        node: config
+            .cluster
+            .enabled()
+            .then(|| config.cluster.node.clone()),
+        started: chrono::Utc::now(),
+    };
     let recovery = recovery.then(|| {
         tokio::spawn(hub::storage_recovery::run(
             ctx.store.clone(),
@@ -566,8 +573,11 @@ async fn serve_store(
             https_listener,
             config.timeouts,
             TlsAcceptor::from(tls::server_config(&paths)?),
-            // WebSocket upgrades first: the REST table answers every other path.
+            // WebSocket upgrades first, then the console under /console/: the REST table
+            // answers every other path.
             crate::transport::ws::routes(ctx.clone())
+                .or(crate::console::routes(ctx.clone(), console_node.clone()))
+                .unify()
                 .or(rest::routes(ctx.clone()))
                 .unify()
                 .boxed(),

@@ -28,6 +28,15 @@ const SYSTEM: &[(&str, &str)] = &[
     ("messageSource", "iothub-message-source"),
 ];
 
+/// The stored system property a routing keyword reads (`messageId` → `message-id`); a name
+/// that is no keyword is its own stored name.
+pub fn stored_system_name(keyword: &str) -> &str {
+    SYSTEM
+        .iter()
+        .find(|(k, _)| *k == keyword)
+        .map_or(keyword, |(_, v)| *v)
+}
+
 /// A twin as routing reads it: `tags` and `properties.{desired,reported}`.
 pub type TwinDoc = Value;
 
@@ -128,12 +137,7 @@ impl MessageView for EventView<'_> {
         if name == "enqueuedTime" {
             return Some(Value::String(crate::clock::iso7(self.enqueued)));
         }
-        let stored = SYSTEM
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| *v)
-            .unwrap_or(name);
-        self.stored_system(stored)
+        self.stored_system(stored_system_name(name))
             .map(|v| Value::String(v.to_string()))
     }
 

@@ -60,14 +60,11 @@ pub fn serve(
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), String> {
-    let handle = recorder();
     let metrics_ctx = ctx.clone();
     let metrics = warp::path!("metrics").and(warp::get()).then(move || {
-        let (ctx, handle) = (metrics_ctx.clone(), handle.clone());
+        let ctx = metrics_ctx.clone();
         async move {
-            refresh(&ctx).await;
-            let mut text = handle.render();
-            crate::latency::render_into(&mut text);
+            let text = render_metrics(&ctx).await;
             warp::reply::with_header(
                 text,
                 "content-type",
@@ -109,6 +106,15 @@ pub fn serve(
 }
 
 /// Sets the gauges read from outside the metrics facade.
+/// The Prometheus text of a scrape, its gauges refreshed first (the ops listener's `/metrics`,
+/// and the console's).
+pub async fn render_metrics(ctx: &HubContext) -> String {
+    refresh(ctx).await;
+    let mut text = recorder().render();
+    crate::latency::render_into(&mut text);
+    text
+}
+
 async fn refresh(ctx: &HubContext) {
     if let Some((rss, fds)) = process_usage() {
         metrics::gauge!("process_resident_memory_bytes").set(rss as f64);

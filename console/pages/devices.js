@@ -1,0 +1,162 @@
+// Devices: the twin query language over POST /devices/query (paged server-side with
+// x-ms-max-item-count / x-ms-continuation), create, enable/disable, delete, regenerate keys and
+// connection strings.
+import {
+  identityHash, createIdentityDialog, setStatus, deleteIdentity, showConnectionStrings,
+} from "../lib/identity.js";
+
+const DEFAULT_QUERY = "SELECT * FROM devices";
+const EXAMPLES = [
+  ["All", DEFAULT_QUERY],
+  ["Connected", "SELECT * FROM devices WHERE connectionState = 'Connected'"],
+  ["Disabled", "SELECT * FROM devices WHERE status = 'disabled'"],
+  ["Plug and Play", "SELECT * FROM devices WHERE IS_DEFINED(modelId) AND modelId != ''"],
+];
+
+export default async function render(root, app) {
+  const { h, replace, ui } = { h: app.ui.h, replace: app.ui.replace, ui: app.ui };
+  const canRead = app.can("RegistryRead") || app.can("ServiceConnect");
+  const canWrite = app.can("RegistryWrite");
+  const params = new URLSearchParams(sessionStorage.getItem("ferrohub.console.devices") || "");
+  let query = params.get("q") || DEFAULT_QUERY;
+  let pageSize = Number(params.get("n")) || 25;
+
+  const queryInput = h("input", {
+    type: "search", id: "device-query", value: query, spellcheck: "false", autocomplete: "off",
+    dataset: { testid: "device-query" }, "aria-label": "Twin query",
+  });
+  const runBtn = h("button", { type: "submit", class: "btn btn-primary", dataset: { testid: "run-query" } }, "Run query");
+  const sizeSelect = h("select", { "aria-label": "Rows per page", dataset: { testid: "page-size" } },
+    [10, 25, 50, 100].map((n) => h("option", { value: String(n), selected: n === pageSize }, `${n} per page`)));
+  const newBtn = ui.requireRight(h("button", { type: "button", class: "btn btn-primary", dataset: { testid: "new-device" } }, "New device"), app, "RegistryWrite");
+  const listEl = h("div", { dataset: { testid: "device-list" } });
+  const countEl = h("span", { class: "muted", dataset: { testid: "device-count" } });
+
+  const pager = ui.pager({ fetchPage: loadPage, testid: "devices-pager" });
+
+  async function loadPage(continuation) {
+    ui.loading(listEl);
+    const headers = { "x-ms-max-item-count": String(pageSize) };
+    if (continuation) headers["x-ms-continuation"] = continuation;
+    let r;
+    try {
+      r = await app.api.post("/devices/query", { query }, { headers });
+    } catch (err) {
+      ui.failed(listEl, err, err.status === 400 ? "The query was refused" : undefined);
+      root.dataset.state = "error";
+      return null;
+    }
+    const rows = Array.isArray(r.body) ? r.body : [];
+    const itemType = r.headers.get("x-ms-item-type") || "";
+    if (!rows.length) {
+      ui.empty(listEl, continuation ? "No more rows." : "No devices match this query.",
+        !continuation && query === DEFAULT_QUERY && canWrite ? h("p", {}, "Create one with “New device”.") : null);
+      root.dataset.state = "empty";
+    } else {
+      replace(listEl, itemType === "twin" && rows[0].deviceId !== undefined ? twinTable(rows) : rawTable(rows));
+      ui.ready(listEl);
+      root.dataset.state = "ready";
+    }
+    countEl.textContent = rows.length ? `${rows.length} row${rows.length === 1 ? "" : "s"} on this page` : "";
+    return r.headers.get("x-ms-continuation");
+  }
+
+  function twinTable(rows) {
+    const isModules = rows.some((t) => t.moduleId);
+    return ui.table(
+      [isModules ? "Device / module" : "Device", "Status", "Connection", "Auth", "Last activity",
+        h("span", { title: "Cloud-to-device messages queued" }, "C2D"), h("span", { class: "sr-only" }, "Actions")],
+      rows.map((t) => row(t)), { testid: "devices-table", caption: "Devices", cards: true });
+  }
+
+  function row(t) {
+    const id = t.deviceId;
+    const mid = t.moduleId || null;
+    const label = mid ? `${id}/${mid}` : id;
+    const enabled = t.status !== "disabled";
+    const actions = [];
+    if (!mid) {
+      const toggle = ui.requireRight(h("button", {
+        type: "button", class: "btn btn-small", dataset: { testid: enabled ? "disable" : "enable" },
+        "aria-label": `${enabled ? "Disable" : "Enable"} ${id}`,
+      }, enabled ? "Disable" : "Enable"), app, "RegistryWrite");
+      toggle.addEventListener("click", () => act(toggle, () => setStatus(app, id, enabled ? "disabled" : "enabled")));
+      actions.push(toggle);
+    }
+    if (t.authenticationType === "sas") {
+      // The dialog also regenerates keys.
+      const cs = ui.requireRight(h("button", { type: "button", class: "btn btn-small", dataset: { testid: "conn-string" }, "aria-label": `Connection string and keys of ${label}` }, "Connection string"), app, "RegistryRead");
+      cs.addEventListener("click", () => showConnectionStrings(app, id, mid));
+      actions.push(cs);
+    }
+    const del = ui.requireRight(h("button", { type: "button", class: "btn btn-small btn-danger", dataset: { testid: "delete" }, "aria-label": `Delete ${label}` }, "Delete"), app, "RegistryWrite");
+    del.addEventListener("click", async () => {
+      try {
+        if (await deleteIdentity(app, id, mid)) pager.refresh();
+      } catch { /* toast shown */ }
+    });
+    actions.push(del);
+    const connected = t.connectionState === "Connected";
+    return h("tr", { dataset: { testid: "device-row", deviceId: label } },
+      h("td", { class: "id-cell" }, h("a", { href: identityHash(id, mid) }, label),
+        t.modelId ? h("div", { class: "hint" }, t.modelId) : null),
+      h("td", {}, ui.badge(enabled ? "enabled" : "disabled", enabled ? "ok" : "muted")),
+      h("td", {}, ui.badge(connected ? "connected" : "disconnected", connected ? "info" : "muted")),
+      h("td", { class: "hide-narrow" }, t.authenticationType || "—"),
+      h("td", { title: t.lastActivityTime || "" }, ui.formatAgo(t.lastActivityTime)),
+      h("td", { class: "num hide-narrow" }, String(t.cloudToDeviceMessageCount ?? 0)),
+      h("td", { class: "actions" }, actions));
+  }
+
+  function rawTable(rows) {
+    const keys = [...new Set(rows.flatMap((r) => (r && typeof r === "object" ? Object.keys(r) : ["value"])))].slice(0, 8);
+    return ui.table(keys, rows.map((r) => h("tr", { dataset: { testid: "query-row" } }, keys.map((k) => {
+      const v = r && typeof r === "object" ? r[k] : r;
+      return h("td", { class: typeof v === "object" && v !== null ? "mono" : "" }, v === undefined ? "" : typeof v === "object" ? JSON.stringify(v) : String(v));
+    }))), { testid: "query-table", caption: "Query result" });
+  }
+
+  async function act(button, fn) {
+    button.disabled = true;
+    try {
+      await fn();
+      await pager.refresh();
+    } catch (err) {
+      ui.toast(ui.errorText(err), "error");
+      button.disabled = false;
+    }
+  }
+
+  function run() {
+    query = queryInput.value.trim() || DEFAULT_QUERY;
+    pageSize = Number(sizeSelect.value);
+    sessionStorage.setItem("ferrohub.console.devices", new URLSearchParams({ q: query, n: String(pageSize) }).toString());
+    return pager.reload();
+  }
+
+  const form = h("form", { class: "search-bar", role: "search" }, queryInput, sizeSelect, runBtn);
+  form.addEventListener("submit", (e) => { e.preventDefault(); run(); });
+  sizeSelect.addEventListener("change", run);
+  newBtn.addEventListener("click", async () => {
+    const created = await createIdentityDialog(app);
+    if (created) await pager.reload();
+  });
+
+  replace(root,
+    ui.pageHeader("Devices", "Search with the twin query language; results are paged by the hub.", newBtn),
+    h("section", { class: "card" },
+      form,
+      h("div", { class: "row", style: { marginBottom: "12px" } },
+        h("span", { class: "muted" }, "Examples:"),
+        EXAMPLES.map(([label, q]) => h("button", {
+          type: "button", class: "btn btn-small btn-link", onclick: () => { queryInput.value = q; run(); },
+        }, label)),
+        h("span", { class: "spacer" }), countEl),
+      listEl,
+      pager.el));
+  if (!canRead) {
+    ui.failed(root, Object.assign(new Error("Listing devices needs RegistryRead or ServiceConnect."), { status: 0 }), "Not allowed");
+    return;
+  }
+  await pager.reload();
+}

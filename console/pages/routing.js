@@ -1,0 +1,324 @@
+// Routing (#/routing): endpoints, routes, enrichments and the fallback route from GET /routing,
+// edited through the routing API (docs/routing.md), and a "test this route" box that evaluates
+// a condition against a sample message (POST /console/api/routing/test).
+import { h, replace, loading, failed, toast, dialog, confirm, jsonEditor, field, badge, table, pageHeader } from "../lib/ui.js";
+import { useAdminCss, guard, btn, input, select, checkboxes, toggle, row, code, inlineError, section, emptyLine, jsonOf } from "../lib/admin-ui.js";
+
+const SOURCES = ["DeviceMessages", "TwinChangeEvents", "DeviceLifecycleEvents", "DeviceConnectionStateEvents", "DigitalTwinChangeEvents"];
+const WRITE = ["RegistryWrite"];
+const enc = encodeURIComponent;
+
+export default async function render(root, app) {
+  useAdminCss();
+  const body = h("div", { class: "admin-page routing-page" });
+  const tester = testBox(app);
+  const refresh = btn("Refresh", () => load(), { testid: "routing-refresh", small: true });
+  replace(root, pageHeader("Routing", "Where device messages and hub events go: endpoints, routes, enrichments and the fallback route.", refresh), body);
+
+  let first = true;
+  async function load() {
+    if (first) {
+      loading(body);
+      root.dataset.state = "loading";
+      first = false;
+    }
+    let config;
+    try {
+      config = (await app.api.get("/routing")).body;
+    } catch (err) {
+      if (app.isCurrent && !app.isCurrent()) return;
+      failed(body, err, "Could not read the routing configuration");
+      root.dataset.state = "error";
+      return;
+    }
+    if (!app.isCurrent || app.isCurrent()) draw(config);
+  }
+
+  function draw(c) {
+    const routes = c.routes || [];
+    const enrichments = c.enrichments || [];
+    const endpoints = c.endpoints || [];
+    const names = endpoints.map((e) => e.name);
+    body.dataset.state = "ready";
+    replace(body,
+      fallbackSection(c),
+      routesSection(routes, names),
+      endpointsSection(endpoints, routes, enrichments, Boolean(c.fallbackRoute && c.fallbackRoute.isEnabled)),
+      enrichmentsSection(enrichments, names),
+      tester.el);
+    const nothing = routes.length === 0 && enrichments.length === 0 && endpoints.length <= 1;
+    root.dataset.state = nothing ? "empty" : "ready";
+  }
+
+  // -- fallback -----------------------------------------------------------------------------
+  function fallbackSection(c) {
+    const on = Boolean(c.fallbackRoute && c.fallbackRoute.isEnabled);
+    const t = toggle("Send device messages that no route matches to the built-in events endpoint", on, "fallback-toggle");
+    guard(t.box, app, WRITE);
+    if (t.box.disabled) t.el.title = t.box.title;
+    t.box.addEventListener("change", async () => {
+      t.box.disabled = true;
+      try {
+        await app.api.put("/routing/fallback", { isEnabled: t.box.checked });
+        toast(`Fallback route ${t.box.checked ? "on" : "off"}`, "ok");
+      } catch (err) {
+        t.box.checked = !t.box.checked;
+        toast(`Could not change the fallback: ${err.status || ""} ${err.message}`, "error");
+      }
+      t.box.disabled = false;
+    });
+    return section("Fallback route", [badge(on ? "on" : "off", on ? "ok" : "warn")],
+      h("div", { class: "fallback-row" }, t.el),
+      h("p", { class: "hint" }, "With it off, unmatched device messages are acknowledged and dropped. Hub events never use the fallback."));
+  }
+
+  // -- routes --------------------------------------------------------------------------------
+  function routesSection(routes, names) {
+    const add = guard(btn("Add route", () => editRoute(null, names), { kind: "primary", small: true, testid: "add-route" }), app, WRITE);
+    if (!routes.length) {
+      return section("Routes", [add], emptyLine("No routes: every device message goes to the built-in events endpoint through the fallback route.", "routes-empty"));
+    }
+    const rows = routes.map((r) => row([
+      ["Name", h("strong", {}, r.name)],
+      ["Source", r.source],
+      ["Condition", code(r.condition)],
+      ["Endpoints", r.endpointNames.join(", ")],
+      ["Enabled", badge(r.isEnabled ? "enabled" : "disabled", r.isEnabled ? "ok" : "muted")],
+      ["", h("div", { class: "row-actions" },
+        btn("Test", () => tester.prefill(r.condition), { small: true, testid: `test-route-${r.name}`, title: "Evaluate this condition against a sample message" }),
+        guard(btn("Edit", () => editRoute(r, names), { small: true, testid: `edit-route-${r.name}` }), app, WRITE),
+        guard(btn("Delete", () => remove("route", `/routing/routes/${enc(r.name)}`, r.name), { small: true, kind: "danger", testid: `delete-route-${r.name}` }), app, WRITE)),
+      "actions"],
+    ], { dataset: { route: r.name } }));
+    return section("Routes", [add], table(["Name", "Source", "Condition", "Endpoints", "Enabled", h("span", { class: "sr-only" }, "Actions")], rows, { testid: "routes-table", caption: "Routes" }));
+  }
+
+  async function editRoute(r, names) {
+    const name = input({ value: r ? r.name : "", testid: "route-name", disabled: Boolean(r), required: true, placeholder: "alerts" });
+    const source = select(SOURCES, { value: r ? r.source : "DeviceMessages", testid: "route-source" });
+    const condition = input({ value: r ? r.condition : "true", rows: 3, mono: true, testid: "route-condition" });
+    const eps = checkboxes("Endpoints", names, r ? r.endpointNames : ["events"], "route-endpoint");
+    const enabled = toggle("Enabled", r ? r.isEnabled : true, "route-enabled");
+    const saved = await dialog({
+      title: r ? `Edit route ${r.name}` : "Add a route",
+      testid: "route-dialog",
+      body: h("div", { class: "form" },
+        field("Name", name),
+        field("Source", source),
+        field("Condition", condition, "IoT Hub routing query: $body.temp > 30 AND level = 'high'. \"true\" matches everything."),
+        eps.el, enabled.el),
+      actions: [
+        { label: "Cancel", value: null, testid: "dialog-cancel" },
+        {
+          label: r ? "Save route" : "Add route", kind: "primary", testid: "route-save",
+          run: async () => {
+            const n = name.value.trim();
+            if (!n) throw new Error("The route needs a name.");
+            if (!eps.values().length) throw new Error("Choose at least one endpoint.");
+            await app.api.put(`/routing/routes/${enc(n)}`, {
+              source: source.value, condition: condition.value.trim() || "true",
+              endpointNames: eps.values(), isEnabled: enabled.box.checked,
+            });
+            return n;
+          },
+        },
+      ],
+    });
+    if (saved) {
+      toast(`Route ${saved} saved`, "ok");
+      await load();
+    }
+  }
+
+  // -- endpoints -----------------------------------------------------------------------------
+  function endpointsSection(endpoints, routes, enrichments, fallbackOn) {
+    const add = guard(btn("Add endpoint", addEndpoint, { kind: "primary", small: true, testid: "add-endpoint" }), app, WRITE);
+    const users = (n) => [
+      ...routes.filter((r) => r.endpointNames.includes(n)).map((r) => `route ${r.name}`),
+      ...enrichments.filter((e) => e.endpointNames.includes(n)).map((e) => `enrichment ${e.key}`),
+    ];
+    const rows = endpoints.map((e) => {
+      const builtin = e.name === "events";
+      const used = users(e.name);
+      const shown = builtin && fallbackOn ? [...used, "fallback route"] : used;
+      const del = builtin ? null : guard(btn("Delete", () => remove("endpoint", `/routing/endpoints/${enc(e.name)}`, e.name,
+        "Its stored events are deleted too."), { small: true, kind: "danger", testid: `delete-endpoint-${e.name}` }), app, WRITE);
+      if (del && !del.disabled && used.length) {
+        del.disabled = true;
+        del.title = `In use by ${used.join(", ")}`;
+      }
+      return row([
+        ["Name", h("span", {}, h("strong", {}, e.name), builtin ? [" ", badge("built-in", "info")] : null)],
+        ["Partitions", String(e.partitionCount)],
+        ["Used by", shown.length ? shown.join(", ") : "—"],
+        ["Read at", code(builtin ? "/events/…" : `/endpoints/${e.name}/…`)],
+        ["", h("div", { class: "row-actions" }, del), "actions"],
+      ], { dataset: { endpoint: e.name } });
+    });
+    return section("Endpoints", [add],
+      table(["Name", "Partitions", "Used by", "Read API", h("span", { class: "sr-only" }, "Actions")], rows, { testid: "endpoints-table", caption: "Endpoints" }),
+      h("p", { class: "hint" }, "Custom endpoints are Event Hubs-compatible streams inside the hub, read with the same read API as events."));
+  }
+
+  async function addEndpoint() {
+    const name = input({ testid: "endpoint-name", required: true, placeholder: "hot" });
+    const parts = input({ type: "number", value: "1", min: "1", max: "32", testid: "endpoint-partitions" });
+    const saved = await dialog({
+      title: "Add an endpoint",
+      testid: "endpoint-dialog",
+      body: h("div", { class: "form" }, field("Name", name), field("Partitions", parts, "1 to 32; a device's messages keep their order within a partition.")),
+      actions: [
+        { label: "Cancel", value: null, testid: "dialog-cancel" },
+        {
+          label: "Add endpoint", kind: "primary", testid: "endpoint-save",
+          run: async () => {
+            const n = name.value.trim();
+            const p = Number(parts.value);
+            if (!n) throw new Error("The endpoint needs a name.");
+            if (!Number.isInteger(p) || p < 1 || p > 32) throw new Error("Partitions: a whole number from 1 to 32.");
+            await app.api.put(`/routing/endpoints/${enc(n)}`, { partitionCount: p });
+            return n;
+          },
+        },
+      ],
+    });
+    if (saved) {
+      toast(`Endpoint ${saved} created`, "ok");
+      await load();
+    }
+  }
+
+  // -- enrichments ---------------------------------------------------------------------------
+  function enrichmentsSection(enrichments, names) {
+    const add = guard(btn("Add enrichment", () => editEnrichment(null, names), { kind: "primary", small: true, testid: "add-enrichment" }), app, WRITE);
+    if (!enrichments.length) {
+      return section("Enrichments", [add], emptyLine("No enrichments. An enrichment adds an application property (a static value, $iothubname or a twin reference) to the messages sent to its endpoints.", "enrichments-empty"));
+    }
+    const rows = enrichments.map((e) => row([
+      ["Property", h("strong", {}, e.key)],
+      ["Value", code(e.value)],
+      ["Endpoints", e.endpointNames.join(", ")],
+      ["", h("div", { class: "row-actions" },
+        guard(btn("Edit", () => editEnrichment(e, names), { small: true, testid: `edit-enrichment-${e.key}` }), app, WRITE),
+        guard(btn("Delete", () => remove("enrichment", `/routing/enrichments/${enc(e.key)}`, e.key), { small: true, kind: "danger", testid: `delete-enrichment-${e.key}` }), app, WRITE)),
+      "actions"],
+    ], { dataset: { enrichment: e.key } }));
+    return section("Enrichments", [add], table(["Property", "Value", "Endpoints", h("span", { class: "sr-only" }, "Actions")], rows, { testid: "enrichments-table", caption: "Enrichments" }));
+  }
+
+  async function editEnrichment(e, names) {
+    const key = input({ value: e ? e.key : "", testid: "enrichment-key", disabled: Boolean(e), placeholder: "site" });
+    const value = input({ value: e ? e.value : "", testid: "enrichment-value", mono: true, placeholder: "$twin.tags.site" });
+    const eps = checkboxes("Endpoints", names, e ? e.endpointNames : ["events"], "enrichment-endpoint");
+    const saved = await dialog({
+      title: e ? `Edit enrichment ${e.key}` : "Add an enrichment",
+      testid: "enrichment-dialog",
+      body: h("div", { class: "form" },
+        field("Application property", key),
+        field("Value", value, "A static value, $iothubname, or a twin reference such as $twin.tags.site or $twin.properties.desired.x."),
+        eps.el),
+      actions: [
+        { label: "Cancel", value: null, testid: "dialog-cancel" },
+        {
+          label: e ? "Save enrichment" : "Add enrichment", kind: "primary", testid: "enrichment-save",
+          run: async () => {
+            const k = key.value.trim();
+            if (!k) throw new Error("The enrichment needs a property name.");
+            if (!value.value) throw new Error("The enrichment needs a value.");
+            if (!eps.values().length) throw new Error("Choose at least one endpoint.");
+            await app.api.put(`/routing/enrichments/${enc(k)}`, { value: value.value, endpointNames: eps.values() });
+            return k;
+          },
+        },
+      ],
+    });
+    if (saved) {
+      toast(`Enrichment ${saved} saved`, "ok");
+      await load();
+    }
+  }
+
+  async function remove(kind, path, name, extra = "") {
+    const yes = await confirm(`Delete ${kind} ${name}?`, `The ${kind} ${name} is removed at once. ${extra}`.trim(), { confirmLabel: "Delete", danger: true, testid: "confirm-delete" });
+    if (!yes) return;
+    try {
+      await app.api.del(path);
+      toast(`Deleted ${kind} ${name}`, "ok");
+    } catch (err) {
+      toast(`Could not delete ${kind} ${name}: ${err.status || ""} ${err.message}`, "error");
+    }
+    await load();
+  }
+
+  await load();
+}
+
+/** The "test this route" box: condition + sample message (+ twin) → true / false / parse error. */
+function testBox(app) {
+  const condition = input({ value: "true", rows: 2, mono: true, testid: "route-test-condition" });
+  const body = input({ value: '{"temperature": 35}', rows: 4, mono: true, testid: "route-test-body" });
+  const props = jsonEditor({ label: "Application properties (JSON object of strings)", value: {}, rows: 3, testid: "route-test-props" });
+  const contentType = input({ value: "application/json", testid: "route-test-content-type" });
+  const contentEncoding = input({ value: "utf-8", testid: "route-test-content-encoding" });
+  const twin = jsonEditor({ label: "Device twin (optional, for $twin references)", value: "", rows: 4, allowEmpty: true, testid: "route-test-twin",
+    hint: 'e.g. {"tags": {"site": "lab"}, "properties": {"desired": {}, "reported": {}}}' });
+  const result = h("div", { class: "test-result", dataset: { testid: "route-test-result" }, "aria-live": "polite" });
+  const run = guard(btn("Evaluate", evaluate, { kind: "primary", testid: "route-test-run" }), app, ["RegistryRead"]);
+
+  async function evaluate() {
+    replace(result);
+    delete result.dataset.result;
+    let appProperties;
+    let twinValue;
+    try {
+      appProperties = jsonOf(props, "Application properties");
+      if (!appProperties || typeof appProperties !== "object" || Array.isArray(appProperties)) throw new Error("Application properties: a JSON object is expected.");
+      for (const [k, v] of Object.entries(appProperties)) if (typeof v !== "string") appProperties[k] = typeof v === "object" ? JSON.stringify(v) : String(v);
+      twinValue = jsonOf(twin, "Twin");
+    } catch (err) {
+      result.dataset.result = "error";
+      replace(result, inlineError(err));
+      return;
+    }
+    const request = {
+      condition: condition.value,
+      message: {
+        body: body.value,
+        appProperties,
+        systemProperties: { contentType: contentType.value, contentEncoding: contentEncoding.value },
+      },
+    };
+    if (twinValue) request.twin = twinValue;
+    run.disabled = true;
+    try {
+      const r = await app.api.post("/console/api/routing/test", request);
+      const v = String(r.body && r.body.result);
+      result.dataset.result = v;
+      replace(result, h("span", { class: "result-label" }, "Result"), badge(v, v === "true" ? "ok" : "bad"),
+        h("span", { class: "hint" }, v === "true" ? "The route would send this message to its endpoints." : "The route would not match this message."));
+    } catch (err) {
+      result.dataset.result = "error";
+      replace(result, inlineError(err, "route-test-error"));
+    } finally {
+      run.disabled = false;
+    }
+  }
+
+  const el = section("Test a route", [],
+    h("p", { class: "hint" }, "Evaluates a condition against a sample message, as the hub's router does. Use Test on a route to copy its condition here."),
+    h("div", { class: "form test-form" },
+      field("Condition", condition),
+      h("div", { class: "grid grid-2" },
+        h("div", {}, field("Message body", body), h("div", { class: "grid grid-2" }, field("Content type", contentType), field("Content encoding", contentEncoding))),
+        h("div", {}, props.el, twin.el)),
+      h("div", { class: "form-actions" }, run, result)));
+  el.id = "route-test";
+  return {
+    el,
+    prefill(text) {
+      condition.value = text;
+      el.scrollIntoView({ behavior: "smooth", block: "start" });
+      condition.focus({ preventScroll: true });
+    },
+  };
+}

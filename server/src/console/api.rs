@@ -1,0 +1,196 @@
+//! `/console/api/...`: what the console shows that IoT Hub's REST API has no call for. Every
+//! route authenticates like the REST API (a hub-scoped policy token) and checks its right.
+//!
+//! - `GET session`: the hub and node (name, host, version, start, connected devices) and the
+//!   caller's policy and rights, so the console can disable what the policy may not do.
+//! - `GET metrics`: the node's Prometheus text, as the ops listener serves it.
+//! - `GET errors`: the last warnings and errors the node logged ([`super::recent_log`]).
+//! - `GET policies`: the shared access policies and their rights; `GET policies/{name}/keys`
+//!   their keys, for a caller holding every right (what `iothubowner` holds).
+//! - `POST routing/test`: whether a routing condition matches a sample message and twin,
+//!   evaluated by the router's own condition code (IoT Hub's "test route").
+
+use std::collections::BTreeMap;
+
+use ferrohub_engine::d2c::NewEvent;
+use ferrohub_engine::hub::Permissions;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use warp::filters::BoxedFilter;
+use warp::Filter;
+
+use super::recent_log;
+use super::NodeInfo;
+use crate::auth::{AuthError, Permission, Principal};
+use crate::rest::error::ApiError;
+use crate::rest::reply::{json as json_reply, one_of, Handled, Response};
+use crate::rest::{caller, json_body, Context, PathId};
+use crate::routing::query::Condition;
+use crate::routing::view::{stored_system_name, EventView, TwinDoc, TwinSource};
+
+#[rustfmt::skip]
+pub fn routes(ctx: Context, node: NodeInfo) -> BoxedFilter<(Response,)> {
+    let caller = || caller(ctx.clone());
+    let node = warp::any().map(move || node.clone());
+    warp::path("api")
+        .and(one_of([
+            warp::path!("session").and(warp::get()).and(caller()).and(node).then(session_handler).boxed(),
+            warp::path!("metrics").and(warp::get()).and(caller()).then(metrics_handler).boxed(),
+            warp::path!("errors").and(warp::get()).and(caller()).then(errors_handler).boxed(),
+            warp::path!("policies").and(warp::get()).and(caller()).then(policies_handler).boxed(),
+            warp::path!("policies" / PathId / "keys").and(warp::get()).and(caller()).then(keys_handler).boxed(),
+            warp::path!("routing" / "test").and(warp::post()).and(caller()).and(json_body()).then(route_test_handler).boxed(),
+        ]))
+        .boxed()
+}
+
+/// Any hub-scoped policy may use the console; the rights decide what it can do there.
+fn require_policy(p: &Principal) -> Result<(), ApiError> {
+    if p.scope != crate::auth::Scope::Hub {
+        return Err(AuthError::DeviceScoped.into());
+    }
+    match p.signer {
+        crate::auth::Signer::Policy(_) => Ok(()),
+        crate::auth::Signer::Identity { .. } => Err(AuthError::DeviceScoped.into()),
+    }
+}
+
+fn rights(p: &Permissions) -> Vec<&'static str> {
+    [
+        (p.registry_read || p.registry_write, "RegistryRead"),
+        (p.registry_write, "RegistryWrite"),
+        (p.service_connect, "ServiceConnect"),
+        (p.device_connect, "DeviceConnect"),
+    ]
+    .into_iter()
+    .filter_map(|(held, name)| held.then_some(name))
+    .collect()
+}
+
+async fn session_handler(ctx: Context, p: Principal, node: NodeInfo) -> Handled {
+    require_policy(&p)?;
+    let policy = match &p.signer {
+        crate::auth::Signer::Policy(name) => name.clone(),
+        crate::auth::Signer::Identity { .. } => String::new(),
+    };
+    let now = chrono::Utc::now();
+    Ok(json_reply(&json!({
+        "hubName": ctx.settings.hub_name,
+        "hostName": ctx.settings.host_name,
+        "version": env!("CARGO_PKG_VERSION"),
+        "startedAtUtc": node.started.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "uptimeSeconds": (now - node.started).num_seconds().max(0),
+        "connectedDevices": ctx.connections.connected_devices(),
+        "policy": policy,
+        "permissions": rights(&p.permissions),
+        "node": node.node,
+    })))
+}
+
+async fn metrics_handler(ctx: Context, p: Principal) -> Handled {
+    require_policy(&p)?;
+    let text = crate::transport::ops::render_metrics(&ctx).await;
+    let mut response = warp::reply::Reply::into_response(text);
+    response.headers_mut().insert(
+        "content-type",
+        warp::http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    Ok(response)
+}
+
+async fn errors_handler(_ctx: Context, p: Principal) -> Handled {
+    require_policy(&p)?;
+    Ok(json_reply(&recent_log::newest_first()))
+}
+
+async fn policies_handler(ctx: Context, p: Principal) -> Handled {
+    require_policy(&p)?;
+    let list: Vec<Value> = ctx
+        .settings
+        .policies
+        .iter()
+        .map(|policy| {
+            json!({ "keyName": policy.name, "rights": rights(&policy.permissions).join(", ") })
+        })
+        .collect();
+    Ok(json_reply(&list))
+}
+
+async fn keys_handler(name: PathId, ctx: Context, p: Principal) -> Handled {
+    require_policy(&p)?;
+    for right in [
+        Permission::RegistryRead,
+        Permission::RegistryWrite,
+        Permission::ServiceConnect,
+        Permission::DeviceConnect,
+    ] {
+        p.require(right)?;
+    }
+    let policy = ctx
+        .settings
+        .policy(&name.0)
+        .ok_or_else(|| ApiError::NotFound(format!("shared access policy {:?}", name.0)))?;
+    Ok(json_reply(&json!({
+        "primaryKey": policy.primary_key,
+        "secondaryKey": policy.secondary_key,
+    })))
+}
+
+/// IoT Hub's test-route input: a condition, a sample message and, optionally, a twin.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RouteTest {
+    condition: String,
+    #[serde(default)]
+    message: SampleMessage,
+    #[serde(default)]
+    twin: Option<TwinDoc>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SampleMessage {
+    #[serde(default)]
+    body: String,
+    #[serde(default)]
+    app_properties: BTreeMap<String, String>,
+    /// By routing keyword (`contentType`, `messageId`, ...) or stored name.
+    #[serde(default)]
+    system_properties: BTreeMap<String, String>,
+}
+
+/// The twin the sample names, or none.
+struct GivenTwin(Option<TwinDoc>);
+
+impl TwinSource for GivenTwin {
+    fn twin(&self, _: &str, _: Option<&str>) -> Option<TwinDoc> {
+        self.0.clone()
+    }
+}
+
+async fn route_test_handler(ctx: Context, p: Principal, test: RouteTest) -> Handled {
+    p.require_hub(Permission::RegistryRead)?;
+    let condition = Condition::parse(&test.condition)
+        .map_err(|e| ApiError::argument(format!("the condition does not parse: {e}")))?;
+    let message = test.message;
+    let device_id = message
+        .system_properties
+        .get("connectionDeviceId")
+        .cloned()
+        .unwrap_or_else(|| "sample-device".into());
+    let event = NewEvent {
+        device_id,
+        system_properties: message
+            .system_properties
+            .iter()
+            .map(|(k, v)| (stored_system_name(k).to_string().into(), v.clone().into()))
+            .collect(),
+        application_properties: message.app_properties.into_iter().collect(),
+        body: message.body.into_bytes(),
+        ..NewEvent::default()
+    };
+    let twins = GivenTwin(test.twin);
+    let view = EventView::new(&event, None, ctx.clock.now(), &twins);
+    let result = condition.matches(&view);
+    Ok(json_reply(&json!({ "result": result.to_string() })))
+}
