@@ -147,13 +147,13 @@ pub(crate) fn body_bytes(body: &Body<Value>) -> Result<Vec<u8>, BadMessage> {
             Value::String(s) => Ok(s.as_bytes().to_vec()),
             Value::Null => Ok(Vec::new()),
             other => Err(BadMessage::Field(format!(
-                "the body is an AMQP value of type {}; a C2D body is data, a string or binary",
+                "the body is an AMQP value of type {}; a message body is data, a string or binary",
                 value_kind(other)
             ))),
         },
         Body::Empty => Ok(Vec::new()),
         Body::Sequence(_) => Err(BadMessage::Field(
-            "the body is an AMQP sequence; a C2D body is data, a string or binary".into(),
+            "the body is an AMQP sequence; a message body is data, a string or binary".into(),
         )),
     }
 }

@@ -6,6 +6,7 @@
 //!
 //! # Invariants
 //! - A batch transfer is one unit: all of its messages are stored, or it is rejected whole.
+//!   Its size is bounded by the link's max-message-size, the limit of one message.
 //! - Dispositions of an append's transfers go out together (one frame per run of consecutive
 //!   delivery ids), after the append is durable.
 
@@ -155,20 +156,14 @@ async fn admit(
 }
 
 /// The messages of a batch transfer, each decoded from its data section. The batch as a whole
-/// is held to one message's size limit, as IoT Hub holds it.
+/// is held to one message's size limit, as IoT Hub holds it, by the link's max-message-size
+/// (a larger transfer detaches the link with `amqp:link:message-size-exceeded`).
 fn batch(outer: &Message<Body<Value>>) -> Result<Vec<DeviceMessage>, BadMessage> {
     let Body::Data(sections) = &outer.body else {
         return Err(BadMessage::Field(
             "a batch message's body must be data sections".into(),
         ));
     };
-    let total: usize = sections.iter().map(|d| d.0.len()).sum();
-    if total > telemetry::MAX_MESSAGE_BYTES {
-        return Err(BadMessage::TooLarge(format!(
-            "the batch is {total} bytes; at most {} are allowed",
-            telemetry::MAX_MESSAGE_BYTES
-        )));
-    }
     sections
         .iter()
         .enumerate()
