@@ -38,6 +38,10 @@ export function parseRoute(hash) {
 }
 
 function runLeave() {
+  // A dialog belongs to the page it was opened from: close it (ui.dialog resolves it with null).
+  for (const dlg of document.querySelectorAll("dialog[open]")) {
+    try { dlg.close(); } catch (e) { console.warn("console: could not close a dialog", e); }
+  }
   const handlers = leaveHandlers;
   leaveHandlers = [];
   for (const fn of handlers) {
@@ -134,8 +138,8 @@ async function route() {
     state.api = state.session ? createApi(state.session) : null;
   }
   if (!state.session && r.name !== "signin") {
+    // The hash changes, so hashchange renders the sign-in page (once).
     location.replace("#/signin");
-    if (parseRoute(location.hash).name === "signin") route();
     return;
   }
   if (state.session && r.name === "signin" && state.info) {

@@ -1,6 +1,6 @@
 // Helpers shared by the admin pages (routing, jobs, configurations, certificates, policies),
 // on top of lib/ui.js. Same rule: no innerHTML, untrusted strings only become text nodes.
-import { h, replace, errorText, field } from "./ui.js";
+import { h, replace, errorText, field, requireRight, missingRights } from "./ui.js";
 
 /** Loads console/admin.css once (a <link>, allowed by style-src 'self'). */
 export function useAdminCss() {
@@ -12,31 +12,17 @@ export function useAdminCss() {
   document.head.appendChild(link);
 }
 
-/** The missing rights among `rights` ("all" mode) or, in "any" mode, all of them when none is held. */
-function missing(app, rights, mode) {
-  const held = rights.filter((r) => app.can(r));
-  if (mode === "any") return held.length ? [] : rights;
-  return rights.filter((r) => !app.can(r));
-}
-
 /**
  * Disables `el` unless the policy holds the rights: guard(btn, app, ["RegistryWrite"]),
  * guard(btn, app, ["ServiceConnect", "RegistryWrite"], "any"). The tooltip names what is missing.
+ * The same function as ui.requireRight (one implementation).
  */
 export function guard(el, app, rights, mode = "all") {
-  const lacking = missing(app, rights, mode);
-  if (lacking.length) {
-    el.disabled = true;
-    const what = mode === "any" ? lacking.join(" or ") : lacking.join(", ");
-    el.title = `Needs ${what}: the signed-in policy does not have ${lacking.length > 1 && mode !== "any" ? "them" : "it"}`;
-    el.classList.add("needs-right");
-    el.dataset.needs = lacking.join(",");
-  }
-  return el;
+  return requireRight(el, app, rights, mode);
 }
 
 export function allowed(app, rights, mode = "all") {
-  return missing(app, rights, mode).length === 0;
+  return missingRights(app, rights, mode).length === 0;
 }
 
 /** A button: btn("Add route", fn, {kind: "primary", testid, small}). */

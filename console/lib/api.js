@@ -82,6 +82,7 @@ export function createApi(session) {
    * (text/plain unless contentType says otherwise); anything else but undefined as JSON.
    */
   async function request(method, path, opts = {}) {
+    checkPath(path);
     const headers = new Headers(opts.headers || {});
     headers.set("Authorization", await tokenFor(session));
     if (opts.ifMatch) headers.set("If-Match", quoteEtag(opts.ifMatch));
@@ -127,7 +128,33 @@ export function createApi(session) {
   };
 }
 
-/** Percent-encodes one path segment (device ids may hold characters like `#`, `%`, `/`). */
+/** Why an id cannot be a URL path segment, or null when it can. */
+export function unaddressableReason(id) {
+  if (id === "." || id === "..") {
+    return `The id "${id}" cannot be used in a URL: browsers collapse "." and ".." path segments.`;
+  }
+  return null;
+}
+
+/**
+ * Percent-encodes one path segment (device ids may hold characters like `#`, `%`, `/`). The only
+ * way an id enters a REST path: "." and ".." are valid IoT Hub ids, but a browser collapses such
+ * a segment (DELETE /devices/d/modules/.. would become DELETE /devices/d), so they are refused
+ * with an ApiError (status 0, code UnaddressableId) before any request is made.
+ */
 export function seg(id) {
+  const reason = unaddressableReason(id);
+  if (reason) throw new ApiError(0, "UnaddressableId", reason);
   return encodeURIComponent(id);
+}
+
+// A dot segment as the URL parser sees it: ".", "..", and their %2e spellings.
+const DOT_SEGMENT = /^(?:\.|%2e){1,2}$/i;
+
+/** Last line of defence: refuses a path holding a dot segment (it would reach another resource). */
+function checkPath(path) {
+  const pathname = String(path).split(/[?#]/)[0];
+  if (pathname.split("/").some((s) => DOT_SEGMENT.test(s))) {
+    throw new ApiError(0, "UnaddressableId", `The path ${pathname} holds a "." or ".." segment, which browsers collapse; it was not requested.`);
+  }
 }

@@ -1,7 +1,8 @@
 // Panels of the device page that call the device: direct methods, cloud-to-device messages,
 // Plug and Play commands, and the modules list.
 import { h, replace, field, jsonEditor, errorBox, toast, formatAgo, badge, table, loading, empty, failed, ready, confirm, requireRight } from "./ui.js";
-import { identityPath, identityHash, createIdentityDialog, deleteIdentity, showConnectionStrings } from "./identity.js";
+import { identityPath, twinPath, identityHash, createIdentityDialog, deleteIdentity, showConnectionStrings, blockUnaddressable } from "./identity.js";
+import { seg } from "./api.js";
 
 function numberInput(value, min, max, testid) {
   return h("input", { type: "number", value: String(value), min: String(min), max: String(max), step: "1", dataset: { testid } });
@@ -55,7 +56,7 @@ export function methodPanel(el, app, { deviceId, moduleId }) {
     invoke.textContent = "Waiting for the device…";
     const started = performance.now();
     try {
-      const r = await app.api.post(`/twins/${encodeURIComponent(deviceId)}${moduleId ? `/modules/${encodeURIComponent(moduleId)}` : ""}/methods`, body);
+      const r = await app.api.post(`${twinPath(deviceId, moduleId)}/methods`, body);
       const ms = Math.round(performance.now() - started);
       replace(result, resultBlock(`Status ${r.body?.status} · answered in ${ms} ms`, r.body?.payload, "method-result"));
     } catch (err) {
@@ -112,7 +113,8 @@ export function c2dPanel(el, app, { deviceId, queueDepth = () => null, onSent = 
 
   const form = h("form", {},
     h("div", { class: "field" }, h("label", { for: (body.id = "c2d-body") }, "Body"), body),
-    h("div", { class: "field" }, h("span", { class: "label" }, "Application properties"), props, h("div", {}, addProp)),
+    h("div", { class: "field" }, h("span", { class: "label" }, "Application properties"), props, h("div", {}, addProp),
+      h("div", { class: "hint" }, "Names travel as HTTP headers, so they are sent (and arrive at the device) in lower case.")),
     h("div", { class: "inline-fields" },
       field("Message id", messageId), field("Correlation id", correlationId),
       field("Content type", contentType), field("Acknowledgement", ack), field("Expires after (s)", ttl)),
@@ -129,7 +131,10 @@ export function c2dPanel(el, app, { deviceId, queueDepth = () => null, onSent = 
         const name = k.value.trim();
         if (!name && !v.value) continue;
         if (!/^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/.test(name)) throw new Error(`"${name}" is not a valid property name (letters, digits and !#$%&'*+.^_\`|~-).`);
-        headers[`iothub-app-${name}`] = ascii(v.value, `The value of ${name}`);
+        // HTTP header names are case-insensitive: the device gets them lower-cased, so send them so.
+        const lower = name.toLowerCase();
+        if (headers[`iothub-app-${lower}`] !== undefined) throw new Error(`The property ${lower} is given twice (names are not case-sensitive).`);
+        headers[`iothub-app-${lower}`] = ascii(v.value, `The value of ${name}`);
       }
       headers["iothub-messageid"] = ascii(messageId.value.trim() || crypto.randomUUID(), "The message id");
       if (correlationId.value.trim()) headers["iothub-correlationid"] = ascii(correlationId.value.trim(), "The correlation id");
@@ -146,7 +151,7 @@ export function c2dPanel(el, app, { deviceId, queueDepth = () => null, onSent = 
     }
     send.disabled = true;
     try {
-      await app.api.post(`/devices/${encodeURIComponent(deviceId)}/messages/deviceBound`, new Blob([body.value]), { headers });
+      await app.api.post(`${identityPath(deviceId)}/messages/deviceBound`, new Blob([body.value]), { headers });
       replace(result, h("div", { class: "ok-state", dataset: { testid: "c2d-sent" } }, `Queued message ${headers["iothub-messageid"]} (ack: ${ack.value}).`));
       toast("Message queued", "ok");
       showDepth(await onSent());
@@ -159,7 +164,7 @@ export function c2dPanel(el, app, { deviceId, queueDepth = () => null, onSent = 
   purge.addEventListener("click", async () => {
     if (!(await confirm("Purge the queue?", `Every message waiting for ${deviceId} is removed without feedback.`, { confirmLabel: "Purge", danger: true }))) return;
     try {
-      const r = await app.api.del(`/devices/${encodeURIComponent(deviceId)}/commands`);
+      const r = await app.api.del(`${identityPath(deviceId)}/commands`);
       toast(`Purged ${r.body?.totalMessagesPurged ?? 0} messages`, "ok");
       showDepth(await onSent());
     } catch (err) {
@@ -184,9 +189,14 @@ export function modulesPanel(el, app, { deviceId }) {
         cs.addEventListener("click", () => showConnectionStrings(app, deviceId, m.moduleId));
         const del = requireRight(h("button", { type: "button", class: "btn btn-small btn-danger", dataset: { testid: "module-delete" } }, "Delete"), app, "RegistryWrite");
         del.addEventListener("click", async () => { try { if (await deleteIdentity(app, deviceId, m.moduleId)) load(); } catch { /* toast shown */ } });
+        // A module named "." or ".." is listed, but nothing can address it (browsers collapse the segment).
+        const blocked = blockUnaddressable([cs, del], deviceId, m.moduleId);
         const connected = m.connectionState === "Connected";
         return h("tr", { dataset: { testid: "module-row" } },
-          h("td", { class: "id-cell" }, h("a", { href: identityHash(deviceId, m.moduleId) }, m.moduleId), m.managedBy ? h("div", { class: "hint" }, `managed by ${m.managedBy}`) : null),
+          h("td", { class: "id-cell" },
+            blocked ? h("span", { title: cs.title }, m.moduleId) : h("a", { href: identityHash(deviceId, m.moduleId) }, m.moduleId),
+            blocked ? h("div", { class: "hint" }, "not addressable from a browser") : null,
+            m.managedBy ? h("div", { class: "hint" }, `managed by ${m.managedBy}`) : null),
           h("td", {}, badge(connected ? "connected" : "disconnected", connected ? "info" : "muted")),
           h("td", {}, m.authentication?.type || "—"),
           h("td", {}, formatAgo(m.lastActivityTime)),
@@ -237,7 +247,7 @@ export function pnpPanel(el, app, { deviceId, moduleId }) {
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
       replace(result);
-      let query, body;
+      let query, body, path;
       try {
         if (!command.value.trim()) throw new Error("Enter the command name.");
         body = payload.value;
@@ -245,14 +255,14 @@ export function pnpPanel(el, app, { deviceId, moduleId }) {
           responseTimeoutInSeconds: readTimeout(responseTimeout, 5, 300, "The response timeout"),
           connectTimeoutInSeconds: readTimeout(connectTimeout, 0, 300, "The connect timeout"),
         };
+        const base = `/digitaltwins/${seg(deviceId)}`;
+        path = component.value
+          ? `${base}/components/${seg(component.value)}/commands/${seg(command.value.trim())}`
+          : `${base}/commands/${seg(command.value.trim())}`;
       } catch (err) {
         replace(result, errorBox(err, "Not sent"));
         return;
       }
-      const base = `/digitaltwins/${encodeURIComponent(deviceId)}`;
-      const path = component.value
-        ? `${base}/components/${encodeURIComponent(component.value)}/commands/${encodeURIComponent(command.value.trim())}`
-        : `${base}/commands/${encodeURIComponent(command.value.trim())}`;
       run.disabled = true;
       try {
         const r = await app.api.post(path, body === null ? "null" : JSON.stringify(body), { query, contentType: "application/json" });

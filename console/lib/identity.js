@@ -1,13 +1,43 @@
 // Device and module identity operations shared by the devices list and the device page:
 // create, enable/disable, delete, regenerate keys, connection strings.
 import { h, dialog, confirm, field, copyButton, toast, errorText } from "./ui.js";
+import { seg, unaddressableReason } from "./api.js";
+import { bytesToBase64 } from "./sas.js";
 
-/** The REST path of a device or module identity. */
+/** The REST path of a device or module identity (throws an ApiError for "." and ".."). */
 export function identityPath(deviceId, moduleId) {
-  return `/devices/${encodeURIComponent(deviceId)}` + (moduleId ? `/modules/${encodeURIComponent(moduleId)}` : "");
+  return `/devices/${seg(deviceId)}` + (moduleId ? `/modules/${seg(moduleId)}` : "");
 }
 
-/** The console hash of a device or module page. */
+/** The REST path of a device or module twin (throws an ApiError for "." and ".."). */
+export function twinPath(deviceId, moduleId) {
+  return `/twins/${seg(deviceId)}` + (moduleId ? `/modules/${seg(moduleId)}` : "");
+}
+
+/** Why the identity cannot be addressed over REST ("." or ".." ids), or null. */
+export function unaddressable(deviceId, moduleId) {
+  return unaddressableReason(deviceId) || (moduleId ? unaddressableReason(moduleId) : null);
+}
+
+/**
+ * Disables the action buttons of an identity the console cannot address (ids "." and ".."),
+ * with a tooltip saying why. Returns true when it did.
+ */
+export function blockUnaddressable(buttons, deviceId, moduleId) {
+  const reason = unaddressable(deviceId, moduleId);
+  if (!reason) return false;
+  for (const b of buttons.filter(Boolean)) {
+    b.disabled = true;
+    b.title = reason;
+    b.dataset.unaddressable = "";
+  }
+  return true;
+}
+
+/**
+ * The console hash of a device or module page. A fragment is not a REST path: browsers do not
+ * collapse its "." segments, and parseRoute() decodes it, so "." and ".." ids are fine here.
+ */
 export function identityHash(deviceId, moduleId) {
   return `#/devices/${encodeURIComponent(deviceId)}` + (moduleId ? `/modules/${encodeURIComponent(moduleId)}` : "");
 }
@@ -21,10 +51,7 @@ export function connectionString(hostName, identity, which = "primary") {
 
 /** A new 256-bit key, base64 (what the hub generates itself). */
 export function newKey() {
-  const bytes = crypto.getRandomValues(new Uint8Array(32));
-  let bin = "";
-  for (const b of bytes) bin += String.fromCharCode(b);
-  return btoa(bin);
+  return bytesToBase64(crypto.getRandomValues(new Uint8Array(32)));
 }
 
 const THUMBPRINT = /^[0-9A-Fa-f]{40}$|^[0-9A-Fa-f]{64}$/;
@@ -61,6 +88,9 @@ export async function createIdentityDialog(app, { deviceId = null } = {}) {
         run: async () => {
           const id = idInput.value.trim();
           if (!id) throw new Error(`Enter a ${isModule ? "module" : "device"} id.`);
+          if (id === "." || id === "..") {
+            throw new Error(`"${id}" cannot be used as a ${isModule ? "module" : "device"} id here: browsers collapse "." and ".." in URLs, so the console could not address it. Choose another id.`);
+          }
           const type = authSelect.value;
           const authentication = { type };
           if (type === "selfSigned") {
@@ -92,12 +122,19 @@ export async function setStatus(app, deviceId, status) {
 /** Asks, then deletes. Resolves true when deleted. */
 export async function deleteIdentity(app, deviceId, moduleId) {
   const what = moduleId ? `module ${moduleId} of ${deviceId}` : `device ${deviceId}`;
+  let path;
+  try {
+    path = identityPath(deviceId, moduleId);
+  } catch (e) {
+    toast(`Cannot delete ${what}: ${errorText(e)}`, "error");
+    throw e;
+  }
   const ok = await confirm(`Delete ${what}?`,
     `This removes the identity${moduleId ? "" : ", its modules"} and its twin; a connected ${moduleId ? "module" : "device"} is disconnected. It cannot be undone.`,
     { confirmLabel: "Delete", danger: true, testid: "confirm-delete" });
   if (!ok) return false;
   try {
-    await app.api.del(identityPath(deviceId, moduleId), { ifMatch: "*" });
+    await app.api.del(path, { ifMatch: "*" });
   } catch (e) {
     toast(`Delete failed: ${errorText(e)}`, "error");
     throw e;

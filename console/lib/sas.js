@@ -50,8 +50,9 @@ function decodeKey(b64) {
   }
 }
 
-function toBase64(buffer) {
-  const bytes = new Uint8Array(buffer);
+/** Base64 of bytes (a Uint8Array, an ArrayBuffer or an array of byte values). */
+export function bytesToBase64(buffer) {
+  const bytes = buffer instanceof Uint8Array ? buffer : new Uint8Array(buffer);
   let bin = "";
   for (const b of bytes) bin += String.fromCharCode(b);
   return btoa(bin);
@@ -63,7 +64,7 @@ export async function signToken({ hostName, policyName, key }, { resource = host
   const sr = encodeURIComponent(resource);
   const cryptoKey = await crypto.subtle.importKey("raw", decodeKey(key), { name: "HMAC", hash: "SHA-256" }, false, ["sign"]);
   const mac = await crypto.subtle.sign("HMAC", cryptoKey, new TextEncoder().encode(`${sr}\n${expiry}`));
-  let token = `SharedAccessSignature sr=${sr}&sig=${encodeURIComponent(toBase64(mac))}&se=${expiry}`;
+  let token = `SharedAccessSignature sr=${sr}&sig=${encodeURIComponent(bytesToBase64(mac))}&se=${expiry}`;
   if (policyName) token += `&skn=${encodeURIComponent(policyName)}`;
   return token;
 }

@@ -8,6 +8,7 @@
 // sequence number after the last enqueued one, so nothing appended in between is missed) and
 // keeps only this identity's events.
 import { h, replace, field, toast, formatTime, errorText } from "./ui.js";
+import { seg } from "./api.js";
 
 const POLL_SECONDS = 20;
 const MAX_KEPT = 500;
@@ -133,11 +134,27 @@ export function telemetryTail(el, app, { deviceId, moduleId = null }) {
     downloadBtn.disabled = false;
   }
 
-  async function locate() {
-    const base = `/events/consumergroups/${encodeURIComponent(group)}/partitions`;
+  /** Resolves when `ms` have passed or `signal` is aborted, whichever comes first. */
+  function sleep(ms, signal) {
+    return new Promise((resolve) => {
+      if (signal.aborted) return resolve();
+      const done = () => {
+        clearTimeout(timer);
+        signal.removeEventListener("abort", done);
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      signal.addEventListener("abort", done, { once: true });
+    });
+  }
+
+  async function locate(signal) {
+    const base = `/events/consumergroups/${seg(group)}/partitions`;
     if (partition === null || next === null) {
-      const parts = (await app.api.get("/events/partitions", { signal: controller.signal })).body || [];
-      partition = partitionOf(deviceId, parts.length || app.info.partitionCount || 1);
+      // The partition count is the length of GET /events/partitions (the session does not say it).
+      const parts = (await app.api.get("/events/partitions", { signal })).body;
+      if (!Array.isArray(parts) || !parts.length) throw new Error("The hub listed no event partitions (GET /events/partitions).");
+      partition = partitionOf(deviceId, parts.length);
       const p = parts.find((x) => Number(x.partitionId) === partition);
       next = p && p.lastEnqueuedSequenceNumber !== null && p.lastEnqueuedSequenceNumber !== undefined
         ? p.lastEnqueuedSequenceNumber + 1
@@ -146,32 +163,38 @@ export function telemetryTail(el, app, { deviceId, moduleId = null }) {
     return `${base}/${partition}/messages`;
   }
 
+  // One loop per start(): it runs while its controller is the current one, so a pause/resume or
+  // a consumer-group change (a new controller) ends it even while it waits in its back-off.
   async function loop() {
+    const ctl = controller;
+    const live = () => ctl === controller && !ctl.signal.aborted && running && !stopped;
     let path = null;
     const since = formatTime(new Date().toISOString()).slice(11);
-    while (running && !stopped) {
+    while (live()) {
       try {
-        if (!path) path = await locate();
+        if (!path) path = await locate(ctl.signal);
+        if (!live()) return;
         setStatus(`Listening on partition ${partition} (consumer group ${group}) since ${since}…`);
         const query = { timeout: POLL_SECONDS, max: 100 };
         if (next === null) query.from = "end";
         else query.sequenceNumber = next;
-        const r = await app.api.get(path, { query, signal: controller.signal });
+        const r = await app.api.get(path, { query, signal: ctl.signal });
+        if (!live()) return;
         const batch = r.body?.events || [];
         if (batch.length) next = batch[batch.length - 1].sequenceNumber + 1;
         else if (r.body?.nextSequenceNumber !== null && r.body?.nextSequenceNumber !== undefined) next = r.body.nextSequenceNumber;
         errors = 0;
         add(batch);
       } catch (err) {
-        if (err.name === "AbortError" || !running) return;
+        if (err.name === "AbortError" || !live()) return;
         errors++;
-        if (err.status === 401 || err.status === 404 || errors > 5) {
+        if (err.status === 401 || err.status === 404 || err.code === "UnaddressableId" || errors > 5) {
           pause();
           setStatus(`Stopped: ${errorText(err)}`, "error");
           return;
         }
         setStatus(`Read failed (${errorText(err)}); retrying…`, "error");
-        await new Promise((res) => setTimeout(res, 1000 * errors));
+        await sleep(1000 * errors, ctl.signal);
       }
     }
   }
@@ -179,6 +202,8 @@ export function telemetryTail(el, app, { deviceId, moduleId = null }) {
   function start() {
     if (running || stopped || !canRead) return;
     running = true;
+    errors = 0;
+    controller?.abort();
     controller = new AbortController();
     toggle.textContent = "Pause";
     toggle.setAttribute("aria-pressed", "false");

@@ -4,10 +4,16 @@
 // meantime is refused with 412 instead of being overwritten.
 import { h, replace, jsonEditor, errorBox, toast, formatTime, loading, failed, ready, errorText } from "./ui.js";
 
+// Twin keys are untrusted and may be "__proto__", "constructor" or "toString": results are built
+// as prototype-less objects with own data properties (JSON.stringify still serialises them), and
+// membership is tested with Object.hasOwn, never `in`.
+const dict = () => Object.create(null);
+const put = (obj, key, value) => Object.defineProperty(obj, key, { value, enumerable: true, writable: true, configurable: true });
+
 /** Drops `$metadata` and `$version` (read-only) from a properties section. */
 export function stripMeta(section) {
-  const out = {};
-  for (const [k, v] of Object.entries(section || {})) if (k !== "$metadata" && k !== "$version") out[k] = v;
+  const out = dict();
+  for (const [k, v] of Object.entries(section || {})) if (k !== "$metadata" && k !== "$version") put(out, k, v);
   return out;
 }
 
@@ -18,19 +24,19 @@ export function mergePatch(before, after) {
   if (!isObject(before) || !isObject(after)) {
     return JSON.stringify(before) === JSON.stringify(after) ? undefined : after;
   }
-  const patch = {};
+  const patch = dict();
   let changed = false;
   for (const k of Object.keys(before)) {
-    if (!(k in after)) { patch[k] = null; changed = true; }
+    if (!Object.hasOwn(after, k)) { put(patch, k, null); changed = true; }
   }
   for (const [k, v] of Object.entries(after)) {
-    if (!(k in before)) {
-      patch[k] = v;
+    if (!Object.hasOwn(before, k)) {
+      put(patch, k, v);
       changed = true;
       continue;
     }
     const sub = mergePatch(before[k], v);
-    if (sub !== undefined) { patch[k] = sub; changed = true; }
+    if (sub !== undefined) { put(patch, k, sub); changed = true; }
   }
   return changed ? patch : undefined;
 }
@@ -59,12 +65,19 @@ export function twinEditor(el, app, { path, onTwin = () => {} }) {
   desired.onChange(updateButtons);
   tags.onChange(updateButtons);
 
+  // Only the read-only reported view depends on "Show metadata"; ticking it must not reset
+  // what the user typed in desired or tags.
+  function showReported() {
+    const rep = loaded?.twin.properties?.reported || {};
+    reported.setValue(showMeta.checked ? rep : stripMeta(rep));
+  }
+
   function show(twin, etag) {
     loaded = { twin, etag, desired: stripMeta(twin.properties?.desired), tags: twin.tags || {} };
     desired.setValue(loaded.desired);
     tags.setValue(loaded.tags);
     const rep = twin.properties?.reported || {};
-    reported.setValue(showMeta.checked ? rep : stripMeta(rep));
+    showReported();
     replace(meta,
       h("span", {}, "etag ", h("code", { dataset: { testid: "twin-etag" } }, etag || twin.etag || "—")),
       h("span", {}, `twin version ${twin.version ?? "—"}`),
@@ -148,7 +161,7 @@ export function twinEditor(el, app, { path, onTwin = () => {} }) {
 
   saveBtn.addEventListener("click", save);
   reloadBtn.addEventListener("click", reload);
-  showMeta.addEventListener("change", () => loaded && show(loaded.twin, loaded.etag));
+  showMeta.addEventListener("change", () => { if (loaded) showReported(); });
   reload();
   return { reload, get twin() { return loaded?.twin; } };
 }

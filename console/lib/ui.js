@@ -168,16 +168,21 @@ export async function confirm(title, text, { confirmLabel = "Confirm", danger = 
 
 /**
  * Server-side paging with continuation tokens (the query API's x-ms-continuation):
- *   const p = pager({fetchPage: async (token) => { ...render rows...; return nextTokenOrNull; }});
+ *   const p = pager({fetchPage: async (token, {signal, isCurrent}) => {
+ *     const r = await api.post(..., {signal}); if (!isCurrent()) return null;
+ *     ...render rows...; return nextTokenOrNull; }});
  *   container.append(p.el); await p.reload();
- * `p.el` holds "Previous" / "Next" buttons and "Page N". `reload()` starts again at page 1;
- * `refresh()` reloads the current page.
+ * `p.el` holds "Previous" / "Next" buttons and "Page N". `reload()` starts again at page 1 (and
+ * supersedes a request in flight: its signal is aborted, isCurrent() turns false and its answer
+ * is ignored); `refresh()` reloads the current page, and does nothing while a request is in flight.
  */
 export function pager({ fetchPage, testid = "pager" }) {
   const tokens = [null];
   let index = 0;
   let next = null;
   let busy = false;
+  let seq = 0; // the number of the latest request; older answers are ignored
+  let inflight = null; // its AbortController
   const label = h("span", { class: "pager-label", "aria-live": "polite" }, "Page 1");
   const prev = h("button", { type: "button", class: "btn btn-small", dataset: { testid: `${testid}-prev` }, disabled: true }, "‹ Previous");
   const nextBtn = h("button", { type: "button", class: "btn btn-small", dataset: { testid: `${testid}-next` }, disabled: true }, "Next ›");
@@ -188,24 +193,38 @@ export function pager({ fetchPage, testid = "pager" }) {
     nextBtn.disabled = busy || !next;
   };
   async function go(i) {
+    const my = ++seq;
+    inflight?.abort();
+    const ctl = new AbortController();
+    inflight = ctl;
+    const isCurrent = () => my === seq;
     busy = true;
     update();
+    let token;
     try {
-      next = (await fetchPage(tokens[i])) || null;
-      index = i;
-      tokens[i + 1] = next;
-      tokens.length = i + 2;
-    } finally {
+      token = (await fetchPage(tokens[i], { signal: ctl.signal, isCurrent })) || null;
+    } catch (err) {
+      if (!isCurrent()) return; // superseded: its failure no longer matters
+      inflight = null;
       busy = false;
       update();
+      throw err;
     }
+    if (!isCurrent()) return;
+    inflight = null;
+    next = token;
+    index = i;
+    tokens[i + 1] = next;
+    tokens.length = i + 2;
+    busy = false;
+    update();
   }
-  prev.addEventListener("click", () => go(index - 1));
-  nextBtn.addEventListener("click", () => go(index + 1));
+  prev.addEventListener("click", () => { if (!busy) go(index - 1); });
+  nextBtn.addEventListener("click", () => { if (!busy) go(index + 1); });
   return {
     el,
     reload: () => { tokens.length = 1; return go(0); },
-    refresh: () => go(index),
+    refresh: () => (busy ? Promise.resolve() : go(index)),
     get page() { return index + 1; },
   };
 }
@@ -378,13 +397,25 @@ export function pageHeader(title, subtitle, ...actions) {
     actions.length ? h("div", { class: "page-actions" }, actions) : null);
 }
 
-/** Disables `el` when the signed-in policy lacks `right`, with a tooltip naming it. */
-export function requireRight(el, app, right) {
-  if (!app.can(right)) {
+/** The rights among `rights` the policy lacks ("all" mode), or all of them when it holds none ("any" mode). */
+export function missingRights(app, rights, mode = "all") {
+  if (mode === "any") return rights.some((r) => app.can(r)) ? [] : rights;
+  return rights.filter((r) => !app.can(r));
+}
+
+/**
+ * Disables `el` when the signed-in policy lacks `right` (a name, or a list of names all needed,
+ * or, with mode "any", of which one is enough), with a tooltip naming what is missing.
+ * lib/admin-ui.js's guard() is this function.
+ */
+export function requireRight(el, app, right, mode = "all") {
+  const lacking = missingRights(app, Array.isArray(right) ? right : [right], mode);
+  if (lacking.length) {
     el.disabled = true;
-    el.title = `Needs ${right}: the signed-in policy does not have it`;
+    const what = mode === "any" ? lacking.join(" or ") : lacking.join(", ");
+    el.title = `Needs ${what}: the signed-in policy does not have ${lacking.length > 1 && mode !== "any" ? "them" : "it"}`;
     el.classList.add("needs-right");
-    el.dataset.needs = right;
+    el.dataset.needs = lacking.join(",");
   }
   return el;
 }

@@ -1,10 +1,10 @@
 // Certificates (#/certificates): the certificate authorities X.509 CA-signed devices chain to
 // (GET /certificates), with their details; upload a PEM (PUT /certificates/{name}) and delete.
-import { h, replace, loading, failed, toast, dialog, confirm, field, table, pageHeader, formatTime, facts, copyButton } from "../lib/ui.js";
+import { h, replace, loading, failed, toast, dialog, confirm, field, table, pageHeader, formatTime, facts, copyButton, errorText } from "../lib/ui.js";
+import { seg } from "../lib/api.js";
 import { useAdminCss, guard, btn, input, row, code, section, emptyLine } from "../lib/admin-ui.js";
 
 const WRITE = ["RegistryWrite"];
-const enc = encodeURIComponent;
 
 /** "AB:CD:…" from a hex thumbprint, for reading; copying keeps the hub's form. */
 function colons(hex) {
@@ -27,13 +27,13 @@ export default async function render(root, app) {
     try {
       list = (await app.api.get("/certificates")).body || [];
     } catch (err) {
-      if (app.isCurrent && !app.isCurrent()) return;
+      if (!app.isCurrent()) return;
       failed(body, err, "Could not list the certificate authorities");
       root.dataset.state = "error";
       return;
     }
     first = false;
-    if (app.isCurrent && !app.isCurrent()) return;
+    if (!app.isCurrent()) return;
     if (!list.length) {
       root.dataset.state = "empty";
       replace(body, section("Certificate authorities", [],
@@ -95,7 +95,7 @@ export default async function render(root, app) {
             const n = name.value.trim();
             if (!n) throw new Error("The certificate needs a name.");
             if (!pem.value.includes("BEGIN CERTIFICATE")) throw new Error("Paste a PEM certificate (-----BEGIN CERTIFICATE-----).");
-            await app.api.put(`/certificates/${enc(n)}`, { certificate: pem.value });
+            await app.api.put(`/certificates/${seg(n)}`, { certificate: pem.value });
             return n;
           },
         },
@@ -112,10 +112,10 @@ export default async function render(root, app) {
       "Devices whose certificates chain only to it can no longer connect.", { confirmLabel: "Delete", danger: true, testid: "confirm-delete" });
     if (!yes) return;
     try {
-      await app.api.del(`/certificates/${enc(c.name)}`);
+      await app.api.del(`/certificates/${seg(c.name)}`);
       toast(`Deleted ${c.name}`, "ok");
     } catch (err) {
-      toast(`Could not delete ${c.name}: ${err.status || ""} ${err.message}`, "error");
+      toast(`Could not delete ${c.name}: ${errorText(err)}`, "error");
     }
     await load();
   }

@@ -2,11 +2,11 @@
 // with the reconciler's system metrics (targeted / applied) and custom metrics; view, create
 // (target condition, priority, desired content, metric queries, labels), edit what IoT Hub lets
 // change after creation (etag-checked), delete.
-import { h, replace, loading, failed, toast, dialog, confirm, jsonEditor, field, badge, table, pageHeader, formatTime, facts } from "../lib/ui.js";
+import { h, replace, loading, failed, toast, dialog, confirm, jsonEditor, field, badge, table, pageHeader, formatTime, facts, errorText } from "../lib/ui.js";
+import { seg } from "../lib/api.js";
 import { useAdminCss, guard, btn, input, select, row, code, inlineError, section, emptyLine, jsonOf, stampId } from "../lib/admin-ui.js";
 
 const WRITE = ["RegistryWrite"];
-const enc = encodeURIComponent;
 
 export default async function render(root, app) {
   useAdminCss();
@@ -25,13 +25,13 @@ export default async function render(root, app) {
     try {
       list = (await app.api.get("/configurations", { query: { top: 100 } })).body || [];
     } catch (err) {
-      if (app.isCurrent && !app.isCurrent()) return;
+      if (!app.isCurrent()) return;
       failed(body, err, "Could not list the configurations");
       root.dataset.state = "error";
       return;
     }
     first = false;
-    if (app.isCurrent && !app.isCurrent()) return;
+    if (!app.isCurrent()) return;
     draw(list);
   }
 
@@ -70,7 +70,7 @@ export default async function render(root, app) {
     loading(box);
     const open = dialog({ title: `Configuration ${id}`, body: box, wide: true, testid: "configuration-dialog", actions: [{ label: "Close", value: null, testid: "dialog-close" }] });
     try {
-      const c = (await app.api.get(`/configurations/${enc(id)}`)).body;
+      const c = (await app.api.get(`/configurations/${seg(id)}`)).body;
       const sys = c.systemMetrics || {};
       const metrics = c.metrics || {};
       const labels = Object.entries(c.labels || {});
@@ -154,8 +154,8 @@ export default async function render(root, app) {
               content: c ? c.content : { [kind.value]: jsonOf(content, "Content") },
               metrics: { queries: jsonOf(metrics, "Custom metrics") },
             };
-            if (c) await app.api.put(`/configurations/${enc(cid)}`, doc, { ifMatch: c.etag || "*" });
-            else await app.api.put(`/configurations/${enc(cid)}`, doc);
+            if (c) await app.api.put(`/configurations/${seg(cid)}`, doc, { ifMatch: c.etag || "*" });
+            else await app.api.put(`/configurations/${seg(cid)}`, doc);
             return cid;
           },
         },
@@ -173,10 +173,10 @@ export default async function render(root, app) {
       { confirmLabel: "Delete", danger: true, testid: "confirm-delete" });
     if (!yes) return;
     try {
-      await app.api.del(`/configurations/${enc(c.id)}`, { ifMatch: "*" });
+      await app.api.del(`/configurations/${seg(c.id)}`, { ifMatch: "*" });
       toast(`Deleted configuration ${c.id}`, "ok");
     } catch (err) {
-      toast(`Could not delete ${c.id}: ${err.status || ""} ${err.message}`, "error");
+      toast(`Could not delete ${c.id}: ${errorText(err)}`, "error");
     }
     await load();
   }

@@ -1,7 +1,7 @@
 // A device's (or a module's, at #/devices/{id}/modules/{mid}) page: identity, connection state
 // and last activity, then tabs: twin editor, live telemetry, direct method, C2D (devices),
 // modules (devices) and Plug and Play.
-import { identityPath, identityHash, setStatus, deleteIdentity, regenerateKeys, showConnectionStrings } from "../lib/identity.js";
+import { identityPath, twinPath, identityHash, setStatus, deleteIdentity, regenerateKeys, showConnectionStrings } from "../lib/identity.js";
 import { twinEditor } from "../lib/twin-editor.js";
 import { telemetryTail } from "../lib/telemetry.js";
 import { methodPanel, c2dPanel, modulesPanel, pnpPanel } from "../lib/device-ops.js";
@@ -10,17 +10,27 @@ const IDENTITY_REFRESH_MS = 5000;
 const TAB_KEY = "ferrohub.console.device-tab";
 
 export default async function render(root, app, { deviceId, moduleId = null }) {
-  const { h, replace, ui } = { h: app.ui.h, replace: app.ui.replace, ui: app.ui };
-  const path = identityPath(deviceId, moduleId);
-  const twinPath = `/twins/${encodeURIComponent(deviceId)}${moduleId ? `/modules/${encodeURIComponent(moduleId)}` : ""}`;
+  const ui = app.ui;
+  const { h, replace } = ui;
   const label = moduleId ? `${deviceId} / ${moduleId}` : deviceId;
+  const breadcrumb = () => h("div", { class: "breadcrumb" }, h("a", { href: "#/devices" }, "Devices"));
+  let path, twinUrl;
+  try {
+    // Refuses ids "." and ".." (browsers collapse them): no request goes to a collapsed path.
+    path = identityPath(deviceId, moduleId);
+    twinUrl = twinPath(deviceId, moduleId);
+  } catch (err) {
+    ui.failed(root, err, `The ${moduleId ? "module" : "device"} ${label} cannot be opened in the console`);
+    root.prepend(breadcrumb());
+    return;
+  }
   ui.loading(root);
 
   // The identity needs RegistryRead; a ServiceConnect-only policy (`service`) reads the same
   // facts from the twin instead.
   async function loadIdentity() {
     if (app.can("RegistryRead") || !app.can("ServiceConnect")) return (await app.api.get(path)).body;
-    const t = (await app.api.get(twinPath)).body;
+    const t = (await app.api.get(twinUrl)).body;
     return {
       deviceId: t.deviceId, moduleId: t.moduleId, status: t.status, statusReason: t.statusReason,
       connectionState: t.connectionState, lastActivityTime: t.lastActivityTime,
@@ -35,7 +45,7 @@ export default async function render(root, app, { deviceId, moduleId = null }) {
   } catch (err) {
     if (!app.isCurrent()) return;
     ui.failed(root, err, err.status === 404 ? `No ${moduleId ? "module" : "device"} ${label}` : undefined);
-    root.prepend(h("div", { class: "breadcrumb" }, h("a", { href: "#/devices" }, "Devices")));
+    root.prepend(breadcrumb());
     return;
   }
   if (!app.isCurrent()) return;
@@ -77,16 +87,18 @@ export default async function render(root, app, { deviceId, moduleId = null }) {
     if (c2d) c2d.showDepth(d.cloudToDeviceMessageCount);
   }
 
+  // Every refresh either shows the facts or says why it could not (the next success restores them).
   async function refreshIdentity() {
     try {
       const d = await loadIdentity();
+      if (!app.isCurrent()) return null;
       showIdentity(d);
       return d;
     } catch (err) {
-      if (err.status === 404) {
-        replace(factsEl, ui.errorBox(err, "This identity no longer exists"));
-        return null;
-      }
+      if (!app.isCurrent() || err.name === "AbortError") return null;
+      replace(factsEl, err.status === 404
+        ? ui.errorBox(err, "This identity no longer exists")
+        : ui.errorBox(err, `Could not refresh the identity (retrying every ${IDENTITY_REFRESH_MS / 1000} s)`));
       return null;
     }
   }
@@ -165,7 +177,7 @@ export default async function render(root, app, { deviceId, moduleId = null }) {
     started.add(id);
     if (id === "twin") {
       twin = twinEditor(panels.twin, app, {
-        path: `/twins/${encodeURIComponent(deviceId)}${moduleId ? `/modules/${encodeURIComponent(moduleId)}` : ""}`,
+        path: twinUrl,
         onTwin: (t) => pnp?.show(t),
       });
     } else if (id === "telemetry") {
@@ -185,7 +197,7 @@ export default async function render(root, app, { deviceId, moduleId = null }) {
       pnp = pnpPanel(panels.pnp, app, { deviceId, moduleId });
       ui.loading(panels.pnp);
       if (twin?.twin) pnp.show(twin.twin);
-      else app.api.get(`/twins/${encodeURIComponent(deviceId)}`).then((r) => pnp.show(r.body)).catch((err) => ui.failed(panels.pnp, err));
+      else app.api.get(twinPath(deviceId)).then((r) => pnp.show(r.body)).catch((err) => ui.failed(panels.pnp, err));
     }
   }
 

@@ -2,7 +2,7 @@
 // x-ms-max-item-count / x-ms-continuation), create, enable/disable, delete, regenerate keys and
 // connection strings.
 import {
-  identityHash, createIdentityDialog, setStatus, deleteIdentity, showConnectionStrings,
+  identityHash, createIdentityDialog, setStatus, deleteIdentity, showConnectionStrings, blockUnaddressable,
 } from "../lib/identity.js";
 
 const DEFAULT_QUERY = "SELECT * FROM devices";
@@ -14,7 +14,8 @@ const EXAMPLES = [
 ];
 
 export default async function render(root, app) {
-  const { h, replace, ui } = { h: app.ui.h, replace: app.ui.replace, ui: app.ui };
+  const ui = app.ui;
+  const { h, replace } = ui;
   const canRead = app.can("RegistryRead") || app.can("ServiceConnect");
   const canWrite = app.can("RegistryWrite");
   const params = new URLSearchParams(sessionStorage.getItem("ferrohub.console.devices") || "");
@@ -34,18 +35,20 @@ export default async function render(root, app) {
 
   const pager = ui.pager({ fetchPage: loadPage, testid: "devices-pager" });
 
-  async function loadPage(continuation) {
+  async function loadPage(continuation, { signal, isCurrent }) {
     ui.loading(listEl);
     const headers = { "x-ms-max-item-count": String(pageSize) };
     if (continuation) headers["x-ms-continuation"] = continuation;
     let r;
     try {
-      r = await app.api.post("/devices/query", { query }, { headers });
+      r = await app.api.post("/devices/query", { query }, { headers, signal });
     } catch (err) {
+      if (!isCurrent()) return null; // a newer query replaced this one
       ui.failed(listEl, err, err.status === 400 ? "The query was refused" : undefined);
       root.dataset.state = "error";
       return null;
     }
+    if (!isCurrent()) return null;
     const rows = Array.isArray(r.body) ? r.body : [];
     const itemType = r.headers.get("x-ms-item-type") || "";
     if (!rows.length) {
@@ -96,9 +99,14 @@ export default async function render(root, app) {
       } catch { /* toast shown */ }
     });
     actions.push(del);
+    // An identity named "." or ".." is listed, but no request can address it (browsers collapse
+    // the segment): its actions are disabled with the reason as their tooltip.
+    const blocked = blockUnaddressable(actions, id, mid);
     const connected = t.connectionState === "Connected";
     return h("tr", { dataset: { testid: "device-row", deviceId: label } },
-      h("td", { class: "id-cell" }, h("a", { href: identityHash(id, mid) }, label),
+      h("td", { class: "id-cell" },
+        blocked ? h("span", { title: del.title }, label) : h("a", { href: identityHash(id, mid) }, label),
+        blocked ? h("div", { class: "hint" }, "not addressable from a browser") : null,
         t.modelId ? h("div", { class: "hint" }, t.modelId) : null),
       h("td", {}, ui.badge(enabled ? "enabled" : "disabled", enabled ? "ok" : "muted")),
       h("td", {}, ui.badge(connected ? "connected" : "disconnected", connected ? "info" : "muted")),

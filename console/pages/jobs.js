@@ -1,14 +1,14 @@
 // Jobs (#/jobs): scheduled jobs (twin updates and device methods over a query condition) from
 // the jobs query API (GET /jobs/v2/query, paged by x-ms-continuation), their progress
 // (refreshed while any is active), create and cancel; and the import/export jobs (GET /jobs).
-import { h, replace, loading, toast, dialog, confirm, jsonEditor, field, badge, table, pageHeader, pager, formatTime, facts, errorBox } from "../lib/ui.js";
+import { h, replace, loading, toast, dialog, confirm, jsonEditor, field, badge, table, pageHeader, pager, formatTime, facts, errorBox, errorText } from "../lib/ui.js";
+import { seg } from "../lib/api.js";
 import { useAdminCss, guard, btn, input, select, row, code, inlineError, section, emptyLine, jsonOf, progress, header, stampId, allowed } from "../lib/admin-ui.js";
 
 const WRITE = ["ServiceConnect", "RegistryWrite"];
 const ACTIVE = ["queued", "scheduled", "running"];
 const PAGE_SIZE = 20;
 const REFRESH_MS = 2000;
-const enc = encodeURIComponent;
 
 const TYPES = [["", "All types"], ["scheduleUpdateTwin", "Twin update"], ["scheduleDeviceMethod", "Device method"]];
 const STATUSES = [["", "All statuses"], "queued", "scheduled", "running", "completed", "failed", "cancelled"];
@@ -52,7 +52,7 @@ export default async function render(root, app) {
   statusFilter.addEventListener("change", () => reload());
 
   let firstPage = true;
-  async function fetchPage(token) {
+  async function fetchPage(token, { signal, isCurrent }) {
     clearTimeout(timer);
     if (firstPage) loading(listBox);
     let r;
@@ -60,15 +60,16 @@ export default async function render(root, app) {
       r = await app.api.get("/jobs/v2/query", {
         query: { jobType: typeFilter.value || undefined, jobStatus: statusFilter.value || undefined },
         headers: { "x-ms-max-item-count": String(PAGE_SIZE), ...(token ? { "x-ms-continuation": token } : {}) },
+        signal,
       });
     } catch (err) {
-      if (stopped) return null;
+      if (stopped || !isCurrent()) return null; // left, or replaced by a newer request
       replace(listBox, errorBox(err, "Could not list the jobs"));
       listBox.dataset.state = "error";
       if (firstPage) root.dataset.state = "error";
       return null;
     }
-    if (stopped) return null;
+    if (stopped || !isCurrent()) return null;
     const jobs = Array.isArray(r.body) ? r.body : (r.body && r.body.items) || [];
     const next = header(r.headers, "x-ms-continuation") || (r.body && r.body.continuationToken) || null;
     drawJobs(jobs, token);
@@ -120,10 +121,10 @@ export default async function render(root, app) {
       { confirmLabel: "Cancel job", danger: true, testid: "confirm-cancel" });
     if (!yes) return;
     try {
-      const r = await app.api.post(`/jobs/v2/${enc(j.jobId)}/cancel`);
+      const r = await app.api.post(`/jobs/v2/${seg(j.jobId)}/cancel`);
       toast(`Job ${j.jobId}: ${r.body && r.body.status}`, "ok");
     } catch (err) {
-      toast(`Could not cancel ${j.jobId}: ${err.status || ""} ${err.message}`, "error");
+      toast(`Could not cancel ${j.jobId}: ${errorText(err)}`, "error");
     }
     await p.refresh().catch(() => {});
   }
@@ -133,7 +134,7 @@ export default async function render(root, app) {
     loading(box);
     const open = dialog({ title: `Job ${id}`, body: box, wide: true, testid: "job-dialog", actions: [{ label: "Close", value: null, testid: "dialog-close" }] });
     try {
-      const j = (await app.api.get(`/jobs/v2/${enc(id)}`)).body;
+      const j = (await app.api.get(`/jobs/v2/${seg(id)}`)).body;
       const s = j.deviceJobStatistics || {};
       const spec = j.updateTwin || j.cloudToDeviceMethod || null;
       replace(box,
@@ -233,7 +234,7 @@ export default async function render(root, app) {
                 responseTimeoutInSeconds: Number(timeout.value) || 30,
               };
             }
-            const r = await app.api.put(`/jobs/v2/${enc(jobId)}`, body);
+            const r = await app.api.put(`/jobs/v2/${seg(jobId)}`, body);
             return r.body || { jobId, status: "queued" };
           },
         },

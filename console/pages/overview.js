@@ -7,7 +7,8 @@ import { parsePrometheus, rate, total, quantile, formatSeconds, formatRate, form
 const REFRESH_MS = 5000;
 
 export default async function render(root, app) {
-  const { h, replace, ui } = { h: app.ui.h, replace: app.ui.replace, ui: app.ui };
+  const ui = app.ui;
+  const { h, replace } = ui;
   const updated = h("span", { class: "muted", "aria-live": "off", dataset: { testid: "overview-updated" } });
   const refreshBtn = h("button", { type: "button", class: "btn btn-small", dataset: { testid: "overview-refresh" } }, "Refresh");
 
@@ -59,7 +60,6 @@ export default async function render(root, app) {
       ["Version", info.version],
       ["Started", ui.formatTime(info.startedAtUtc)],
       ["Uptime", ui.formatDuration(info.uptimeSeconds)],
-      info.partitionCount !== undefined ? ["Partitions", String(info.partitionCount)] : null,
       info.node ? ["Node", info.node] : null,
       ["Policy", info.policy],
       ["Rights", (info.permissions || []).join(", ") || "none"],

@@ -2,6 +2,7 @@
 // (GET /console/api/policies). Keys stay hidden until "Show keys" is clicked
 // (GET /console/api/policies/{name}/keys, which only a policy holding all four rights may call).
 import { h, replace, loading, failed, badge, pageHeader, copyButton } from "../lib/ui.js";
+import { seg } from "../lib/api.js";
 import { useAdminCss, guard, btn, code, inlineError, section, emptyLine } from "../lib/admin-ui.js";
 
 const ALL = ["RegistryRead", "RegistryWrite", "ServiceConnect", "DeviceConnect"];
@@ -11,7 +12,6 @@ const RIGHT_HELP = {
   ServiceConnect: "service-side messaging: C2D, methods, twin updates, jobs, the read API",
   DeviceConnect: "act as any device",
 };
-const enc = encodeURIComponent;
 
 export default async function render(root, app) {
   useAdminCss();
@@ -24,12 +24,12 @@ export default async function render(root, app) {
   try {
     list = (await app.api.get("/console/api/policies")).body || [];
   } catch (err) {
-    if (app.isCurrent && !app.isCurrent()) return;
+    if (!app.isCurrent()) return;
     failed(body, err, "Could not list the policies");
     root.dataset.state = "error";
     return;
   }
-  if (app.isCurrent && !app.isCurrent()) return;
+  if (!app.isCurrent()) return;
   if (!list.length) {
     root.dataset.state = "empty";
     replace(body, section("Policies", [], emptyLine("The hub has no shared access policies.", "policies-empty")));
@@ -52,7 +52,7 @@ export default async function render(root, app) {
       show.disabled = true;
       replace(keys, h("span", { class: "hint" }, "Loading keys…"));
       try {
-        const k = (await app.api.get(`/console/api/policies/${enc(p.keyName)}/keys`)).body;
+        const k = (await app.api.get(`/console/api/policies/${seg(p.keyName)}/keys`)).body;
         const host = (app.session && app.session.hostName) || app.info.hostName;
         const cs = `HostName=${host};SharedAccessKeyName=${p.keyName};SharedAccessKey=${k.primaryKey}`;
         replace(keys,

@@ -1,12 +1,12 @@
 // Routing (#/routing): endpoints, routes, enrichments and the fallback route from GET /routing,
 // edited through the routing API (docs/routing.md), and a "test this route" box that evaluates
 // a condition against a sample message (POST /console/api/routing/test).
-import { h, replace, loading, failed, toast, dialog, confirm, jsonEditor, field, badge, table, pageHeader } from "../lib/ui.js";
+import { h, replace, loading, failed, toast, dialog, confirm, jsonEditor, field, badge, table, pageHeader, errorText } from "../lib/ui.js";
+import { seg } from "../lib/api.js";
 import { useAdminCss, guard, btn, input, select, checkboxes, toggle, row, code, inlineError, section, emptyLine, jsonOf } from "../lib/admin-ui.js";
 
 const SOURCES = ["DeviceMessages", "TwinChangeEvents", "DeviceLifecycleEvents", "DeviceConnectionStateEvents", "DigitalTwinChangeEvents"];
 const WRITE = ["RegistryWrite"];
-const enc = encodeURIComponent;
 
 export default async function render(root, app) {
   useAdminCss();
@@ -26,12 +26,12 @@ export default async function render(root, app) {
     try {
       config = (await app.api.get("/routing")).body;
     } catch (err) {
-      if (app.isCurrent && !app.isCurrent()) return;
+      if (!app.isCurrent()) return;
       failed(body, err, "Could not read the routing configuration");
       root.dataset.state = "error";
       return;
     }
-    if (!app.isCurrent || app.isCurrent()) draw(config);
+    if (app.isCurrent()) draw(config);
   }
 
   function draw(c) {
@@ -63,7 +63,7 @@ export default async function render(root, app) {
         toast(`Fallback route ${t.box.checked ? "on" : "off"}`, "ok");
       } catch (err) {
         t.box.checked = !t.box.checked;
-        toast(`Could not change the fallback: ${err.status || ""} ${err.message}`, "error");
+        toast(`Could not change the fallback: ${errorText(err)}`, "error");
       }
       t.box.disabled = false;
     });
@@ -87,7 +87,7 @@ export default async function render(root, app) {
       ["", h("div", { class: "row-actions" },
         btn("Test", () => tester.prefill(r.condition), { small: true, testid: `test-route-${r.name}`, title: "Evaluate this condition against a sample message" }),
         guard(btn("Edit", () => editRoute(r, names), { small: true, testid: `edit-route-${r.name}` }), app, WRITE),
-        guard(btn("Delete", () => remove("route", `/routing/routes/${enc(r.name)}`, r.name), { small: true, kind: "danger", testid: `delete-route-${r.name}` }), app, WRITE)),
+        guard(btn("Delete", () => remove("route", () => `/routing/routes/${seg(r.name)}`, r.name), { small: true, kind: "danger", testid: `delete-route-${r.name}` }), app, WRITE)),
       "actions"],
     ], { dataset: { route: r.name } }));
     return section("Routes", [add], table(["Name", "Source", "Condition", "Endpoints", "Enabled", h("span", { class: "sr-only" }, "Actions")], rows, { testid: "routes-table", caption: "Routes" }));
@@ -115,7 +115,7 @@ export default async function render(root, app) {
             const n = name.value.trim();
             if (!n) throw new Error("The route needs a name.");
             if (!eps.values().length) throw new Error("Choose at least one endpoint.");
-            await app.api.put(`/routing/routes/${enc(n)}`, {
+            await app.api.put(`/routing/routes/${seg(n)}`, {
               source: source.value, condition: condition.value.trim() || "true",
               endpointNames: eps.values(), isEnabled: enabled.box.checked,
             });
@@ -141,7 +141,7 @@ export default async function render(root, app) {
       const builtin = e.name === "events";
       const used = users(e.name);
       const shown = builtin && fallbackOn ? [...used, "fallback route"] : used;
-      const del = builtin ? null : guard(btn("Delete", () => remove("endpoint", `/routing/endpoints/${enc(e.name)}`, e.name,
+      const del = builtin ? null : guard(btn("Delete", () => remove("endpoint", () => `/routing/endpoints/${seg(e.name)}`, e.name,
         "Its stored events are deleted too."), { small: true, kind: "danger", testid: `delete-endpoint-${e.name}` }), app, WRITE);
       if (del && !del.disabled && used.length) {
         del.disabled = true;
@@ -176,7 +176,7 @@ export default async function render(root, app) {
             const p = Number(parts.value);
             if (!n) throw new Error("The endpoint needs a name.");
             if (!Number.isInteger(p) || p < 1 || p > 32) throw new Error("Partitions: a whole number from 1 to 32.");
-            await app.api.put(`/routing/endpoints/${enc(n)}`, { partitionCount: p });
+            await app.api.put(`/routing/endpoints/${seg(n)}`, { partitionCount: p });
             return n;
           },
         },
@@ -200,7 +200,7 @@ export default async function render(root, app) {
       ["Endpoints", e.endpointNames.join(", ")],
       ["", h("div", { class: "row-actions" },
         guard(btn("Edit", () => editEnrichment(e, names), { small: true, testid: `edit-enrichment-${e.key}` }), app, WRITE),
-        guard(btn("Delete", () => remove("enrichment", `/routing/enrichments/${enc(e.key)}`, e.key), { small: true, kind: "danger", testid: `delete-enrichment-${e.key}` }), app, WRITE)),
+        guard(btn("Delete", () => remove("enrichment", () => `/routing/enrichments/${seg(e.key)}`, e.key), { small: true, kind: "danger", testid: `delete-enrichment-${e.key}` }), app, WRITE)),
       "actions"],
     ], { dataset: { enrichment: e.key } }));
     return section("Enrichments", [add], table(["Property", "Value", "Endpoints", h("span", { class: "sr-only" }, "Actions")], rows, { testid: "enrichments-table", caption: "Enrichments" }));
@@ -226,7 +226,7 @@ export default async function render(root, app) {
             if (!k) throw new Error("The enrichment needs a property name.");
             if (!value.value) throw new Error("The enrichment needs a value.");
             if (!eps.values().length) throw new Error("Choose at least one endpoint.");
-            await app.api.put(`/routing/enrichments/${enc(k)}`, { value: value.value, endpointNames: eps.values() });
+            await app.api.put(`/routing/enrichments/${seg(k)}`, { value: value.value, endpointNames: eps.values() });
             return k;
           },
         },
@@ -238,14 +238,22 @@ export default async function render(root, app) {
     }
   }
 
-  async function remove(kind, path, name, extra = "") {
+  /** Asks, then deletes `pathOf()` (a function: seg() refuses "." and ".." before anything is asked). */
+  async function remove(kind, pathOf, name, extra = "") {
+    let path;
+    try {
+      path = pathOf();
+    } catch (err) {
+      toast(`Cannot delete ${kind} ${name}: ${errorText(err)}`, "error");
+      return;
+    }
     const yes = await confirm(`Delete ${kind} ${name}?`, `The ${kind} ${name} is removed at once. ${extra}`.trim(), { confirmLabel: "Delete", danger: true, testid: "confirm-delete" });
     if (!yes) return;
     try {
       await app.api.del(path);
       toast(`Deleted ${kind} ${name}`, "ok");
     } catch (err) {
-      toast(`Could not delete ${kind} ${name}: ${err.status || ""} ${err.message}`, "error");
+      toast(`Could not delete ${kind} ${name}: ${errorText(err)}`, "error");
     }
     await load();
   }

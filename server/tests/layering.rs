@@ -11,6 +11,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("node", 8),
     ("offline", 9),
     ("transport", 7),
+    ("console", 7),
     ("fuzz", 7),
     ("mqtt", 6),
     ("amqp", 6),

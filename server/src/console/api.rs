@@ -1,12 +1,16 @@
 //! `/console/api/...`: what the console shows that IoT Hub's REST API has no call for. Every
 //! route authenticates like the REST API (a hub-scoped policy token) and checks its right.
 //!
-//! - `GET session`: the hub and node (name, host, version, start, connected devices) and the
-//!   caller's policy and rights, so the console can disable what the policy may not do.
-//! - `GET metrics`: the node's Prometheus text, as the ops listener serves it.
-//! - `GET errors`: the last warnings and errors the node logged ([`super::recent_log`]).
-//! - `GET policies`: the shared access policies and their rights; `GET policies/{name}/keys`
-//!   their keys, for a caller holding every right (what `iothubowner` holds).
+//! - `GET session` (any policy): the hub and node (name, host, version, start, connected
+//!   devices) and the caller's policy and rights, so the console can disable what the policy
+//!   may not do.
+//! - `GET metrics` (RegistryRead or ServiceConnect): the node's Prometheus text, as the ops
+//!   listener serves it.
+//! - `GET errors` (RegistryRead or ServiceConnect): the last warnings and errors the node
+//!   logged ([`super::recent_log`]).
+//! - `GET policies` (RegistryRead or ServiceConnect): the shared access policies and their
+//!   rights; `GET policies/{name}/keys` their keys, for a caller holding every right (what
+//!   `iothubowner` holds), never cached.
 //! - `POST routing/test`: whether a routing condition matches a sample message and twin,
 //!   evaluated by the router's own condition code (IoT Hub's "test route").
 
@@ -42,6 +46,17 @@ pub fn routes(ctx: Context, node: NodeInfo) -> BoxedFilter<(Response,)> {
             warp::path!("routing" / "test").and(warp::post()).and(caller()).and(json_body()).then(route_test_handler).boxed(),
         ]))
         .boxed()
+}
+
+/// What the hub itself reports (metrics, its log, the policy list) is for the service side:
+/// a policy with RegistryRead or ServiceConnect, never one that only connects devices (the
+/// `device` policy is the credential field gateways carry).
+fn require_service_side(p: &Principal) -> Result<(), ApiError> {
+    require_policy(p)?;
+    if p.require(Permission::RegistryRead).is_err() {
+        p.require(Permission::ServiceConnect)?;
+    }
+    Ok(())
 }
 
 /// Any hub-scoped policy may use the console; the rights decide what it can do there.
@@ -88,8 +103,8 @@ async fn session_handler(ctx: Context, p: Principal, node: NodeInfo) -> Handled 
 }
 
 async fn metrics_handler(ctx: Context, p: Principal) -> Handled {
-    require_policy(&p)?;
-    let text = crate::transport::ops::render_metrics(&ctx).await;
+    require_service_side(&p)?;
+    let text = crate::hub::metrics::render(&ctx).await;
     let mut response = warp::reply::Reply::into_response(text);
     response.headers_mut().insert(
         "content-type",
@@ -99,12 +114,12 @@ async fn metrics_handler(ctx: Context, p: Principal) -> Handled {
 }
 
 async fn errors_handler(_ctx: Context, p: Principal) -> Handled {
-    require_policy(&p)?;
+    require_service_side(&p)?;
     Ok(json_reply(&recent_log::newest_first()))
 }
 
 async fn policies_handler(ctx: Context, p: Principal) -> Handled {
-    require_policy(&p)?;
+    require_service_side(&p)?;
     let list: Vec<Value> = ctx
         .settings
         .policies
@@ -130,10 +145,16 @@ async fn keys_handler(name: PathId, ctx: Context, p: Principal) -> Handled {
         .settings
         .policy(&name.0)
         .ok_or_else(|| ApiError::NotFound(format!("shared access policy {:?}", name.0)))?;
-    Ok(json_reply(&json!({
+    let mut response = json_reply(&json!({
         "primaryKey": policy.primary_key,
         "secondaryKey": policy.secondary_key,
-    })))
+    }));
+    // Keys are never kept by a cache on the way.
+    response.headers_mut().insert(
+        "cache-control",
+        warp::http::HeaderValue::from_static("no-store"),
+    );
+    Ok(response)
 }
 
 /// IoT Hub's test-route input: a condition, a sample message and, optionally, a twin.

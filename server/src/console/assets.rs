@@ -84,9 +84,10 @@ fn file(path: &str) -> warp::reply::Response {
 
 /// The file's bytes: from the development folder when one is set, else built in.
 fn contents(path: &str) -> Option<Cow<'static, [u8]>> {
+    // Plain names only: no empty or dot segments, no other separator or drive prefix.
     if path
         .split('/')
-        .any(|s| s.is_empty() || s == "." || s == "..")
+        .any(|s| s.is_empty() || s == "." || s == ".." || s.contains(['\\', ':']))
     {
         return None;
     }
@@ -120,6 +121,8 @@ mod tests {
         assert!(contents("../Cargo.toml").is_none());
         assert!(contents("lib/../../Cargo.toml").is_none());
         assert!(contents("/etc/passwd").is_none());
+        assert!(contents("lib\\..\\..\\Cargo.toml").is_none());
+        assert!(contents("C:/Windows/win.ini").is_none());
     }
 
     #[test]

@@ -43,6 +43,7 @@ pub mod lane_acks;
 pub mod limits;
 pub mod method_call;
 pub mod methods;
+pub mod metrics;
 pub mod partition_readers;
 pub mod provisioning;
 pub mod retention;

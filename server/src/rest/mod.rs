@@ -146,7 +146,25 @@ pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
         .and(table(ctx))
         .recover(error::recover)
         .unify()
+        .map(not_a_page)
         .boxed()
+}
+
+/// No REST answer is ever a page on the hub's origin, whatever content type a sender chose
+/// for it (a C2D body read over HTTPS keeps its sender's): browsers neither sniff it nor run
+/// it in the origin the web console keeps its key in. Clients of the API ignore both headers.
+fn not_a_page(mut response: warp::reply::Response) -> warp::reply::Response {
+    use warp::http::HeaderValue;
+    let headers = response.headers_mut();
+    headers.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        "content-security-policy",
+        HeaderValue::from_static("sandbox; default-src 'none'; frame-ancestors 'none'"),
+    );
+    response
 }
 
 /// The operation a request is throttled as (seed 002's table), by method and path.

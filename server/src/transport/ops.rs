@@ -10,9 +10,8 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 use warp::http::StatusCode;
 use warp::Filter;
@@ -33,23 +32,6 @@ impl Readiness {
     }
 }
 
-/// The process-wide Prometheus recorder, installed on first use (one per process: in-process
-/// tests may start several nodes).
-pub fn recorder() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let builder = PrometheusBuilder::new()
-                .set_buckets(crate::latency::BUCKETS)
-                .unwrap_or_else(|_| PrometheusBuilder::new());
-            builder.install_recorder().unwrap_or_else(|_| {
-                // Another recorder is installed (a test harness): render this one unexported.
-                PrometheusBuilder::new().build_recorder().handle()
-            })
-        })
-        .clone()
-}
-
 /// Binds the listener and serves until `shutdown`; returns the bound address.
 ///
 /// # Errors
@@ -60,11 +42,13 @@ pub fn serve(
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), String> {
+    // Installed before any traffic, so counters count from the start, not from the first scrape.
+    crate::hub::metrics::recorder();
     let metrics_ctx = ctx.clone();
     let metrics = warp::path!("metrics").and(warp::get()).then(move || {
         let ctx = metrics_ctx.clone();
         async move {
-            let text = render_metrics(&ctx).await;
+            let text = crate::hub::metrics::render(&ctx).await;
             warp::reply::with_header(
                 text,
                 "content-type",
@@ -103,78 +87,4 @@ pub fn serve(
         .try_bind_with_graceful_shutdown(addr, async move { shutdown.cancelled().await })
         .map_err(|e| e.to_string())?;
     Ok((bound, tokio::spawn(server)))
-}
-
-/// Sets the gauges read from outside the metrics facade.
-/// The Prometheus text of a scrape, its gauges refreshed first (the ops listener's `/metrics`,
-/// and the console's).
-pub async fn render_metrics(ctx: &HubContext) -> String {
-    refresh(ctx).await;
-    let mut text = recorder().render();
-    crate::latency::render_into(&mut text);
-    text
-}
-
-async fn refresh(ctx: &HubContext) {
-    if let Some((rss, fds)) = process_usage() {
-        metrics::gauge!("process_resident_memory_bytes").set(rss as f64);
-        metrics::gauge!("process_open_fds").set(fds as f64);
-    }
-    metrics::gauge!("ferrohub_connected_devices").set(ctx.connections.connected_devices() as f64);
-    metrics::gauge!("ferrohub_daily_quota_used_chunks").set(ctx.throttles.quota.used() as f64);
-    metrics::gauge!("ferrohub_outbound_queue_high_water")
-        .set(ctx.connections.outbound_high_water() as f64);
-    let positions = ctx.readers.positions();
-    let stats = ctx
-        .store
-        .run(move |s| {
-            let ends = positions
-                .into_iter()
-                .filter_map(|(p, group, next)| {
-                    let end = s.next_sequence_number(p).ok()?;
-                    Some((p, group, end.saturating_sub(next)))
-                })
-                .collect::<Vec<_>>();
-            Ok::<_, ferrohub_engine::StorageError>((s.commit_stats(), s.storage_stats(), ends))
-        })
-        .await;
-    if let Ok((commits, storage, lags)) = stats {
-        for (partition, group, lag) in lags {
-            metrics::gauge!("ferrohub_d2c_consumer_lag_events", "partition" => partition.to_string(), "consumer_group" => group)
-                .set(lag as f64);
-        }
-        metrics::gauge!("ferrohub_c2d_messages_queued_estimate")
-            .set(storage.c2d_messages_estimate as f64);
-        metrics::counter!("ferrohub_commits_total").absolute(commits.commits);
-        metrics::counter!("ferrohub_commit_writes_total").absolute(commits.writes);
-        metrics::counter!("ferrohub_commit_syncs_total").absolute(commits.syncs);
-        if commits.writes > 0 {
-            // Group commit: batches acknowledged per durable write, since start.
-            metrics::gauge!("ferrohub_commit_batches_per_write")
-                .set(commits.commits as f64 / commits.writes as f64);
-        }
-        metrics::gauge!("ferrohub_rocksdb_write_stopped")
-            .set(u8::from(storage.write_stopped) as f64);
-        metrics::gauge!("ferrohub_rocksdb_delayed_write_rate_bytes")
-            .set(storage.actual_delayed_write_rate as f64);
-        metrics::gauge!("ferrohub_rocksdb_pending_compaction_bytes")
-            .set(storage.pending_compaction_bytes as f64);
-        metrics::gauge!("ferrohub_rocksdb_sst_bytes").set(storage.sst_bytes as f64);
-        metrics::gauge!("ferrohub_rocksdb_memtable_bytes").set(storage.memtable_bytes as f64);
-    }
-    metrics::gauge!("ferrohub_storage_poisoned").set(u8::from(ctx.store.is_poisoned()) as f64);
-}
-
-/// Resident memory (bytes) and open descriptors of this process, from /proc.
-fn process_usage() -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let rss_kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    let fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
-    Some((rss_kb * 1024, fds))
 }

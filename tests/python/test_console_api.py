@@ -1,0 +1,103 @@
+"""The web console's own calls (server/src/console/api.rs, docs/console.md) and the headers
+that keep REST answers from ever being pages in the origin the console keeps its key in,
+through raw HTTPS against a hub on ephemeral ports. The console's pages are driven in Chromium
+by test_console.py and test_console_admin.py."""
+
+import json
+
+import pytest
+
+
+def get(hub, path, policy):
+    return hub.request("GET", path, hub.token(policy))
+
+
+def test_session_answers_any_policy_with_its_rights(hub):
+    for policy, rights in [
+        ("iothubowner", ["RegistryRead", "RegistryWrite", "ServiceConnect", "DeviceConnect"]),
+        ("registryRead", ["RegistryRead"]),
+        ("device", ["DeviceConnect"]),
+    ]:
+        r = get(hub, "/console/api/session", policy)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["policy"] == policy
+        assert body["permissions"] == rights
+        assert body["hubName"] and body["hostName"] == "localhost"
+        assert body["uptimeSeconds"] >= 0 and body["node"] is None
+    r = hub.request("GET", "/console/api/session", None)
+    assert r.status_code == 401 and "IotHubUnauthorizedAccess" in r.json()["Message"]
+
+
+@pytest.mark.parametrize("path", ["/console/api/metrics", "/console/api/errors", "/console/api/policies"])
+def test_what_the_hub_reports_is_for_the_service_side_only(hub, path):
+    for policy in ["iothubowner", "registryRead", "service"]:
+        assert get(hub, path, policy).status_code == 200, policy
+    # The `device` policy is what field gateways carry: it learns nothing of the hub here.
+    r = get(hub, path, "device")
+    assert r.status_code == 401, r.text
+    assert "IotHubUnauthorizedAccess" in r.json()["Message"]
+
+
+def test_policy_list_has_no_keys_and_keys_need_every_right(hub):
+    listed = get(hub, "/console/api/policies", "registryRead").json()
+    assert {p["keyName"] for p in listed} >= {"iothubowner", "service", "device", "registryRead"}
+    assert all(set(p) == {"keyName", "rights"} for p in listed)
+    owner = next(p for p in listed if p["keyName"] == "iothubowner")
+    assert owner["rights"] == "RegistryRead, RegistryWrite, ServiceConnect, DeviceConnect"
+
+    r = get(hub, "/console/api/policies/service/keys", "iothubowner")
+    assert r.status_code == 200
+    assert r.headers["Cache-Control"] == "no-store"
+    keys = r.json()
+    # The keys answered are the ones that sign: a token made with them is accepted.
+    assert f"SharedAccessKey={keys['primaryKey']}" in hub.connection_string("service")
+    for policy in ["registryRead", "registryReadWrite", "service"]:
+        r = get(hub, "/console/api/policies/iothubowner/keys", policy)
+        assert r.status_code == 401, policy
+        assert "primaryKey" not in r.text
+    assert get(hub, "/console/api/policies/nope/keys", "iothubowner").status_code == 404
+
+
+def test_route_tester_evaluates_with_the_routers_own_conditions(hub):
+    sample = {
+        "message": {
+            "body": json.dumps({"temperature": 31}),
+            "appProperties": {"level": "high"},
+            "systemProperties": {"contentType": "application/json", "contentEncoding": "utf-8"},
+        },
+        "twin": {"tags": {"site": "lab"}, "properties": {"desired": {}, "reported": {}}},
+    }
+
+    def test(condition, policy="registryRead", message=None):
+        body = dict(sample, condition=condition)
+        if message is not None:
+            body["message"] = message
+        return hub.request("POST", "/console/api/routing/test", hub.token(policy), json=body)
+
+    assert test("$body.temperature > 30 AND level = 'high'").json() == {"result": "true"}
+    assert test("$twin.tags.site = 'lab'").json() == {"result": "true"}
+    assert test("$body.temperature > 40").json() == {"result": "false"}
+    # Not JSON by its content type: the body is undefined to conditions, as when routing.
+    plain = dict(sample["message"], systemProperties={"contentType": "text/plain"})
+    assert test("$body.temperature > 30", message=plain).json() == {"result": "false"}
+    bad = test("$body.temperature >")
+    assert bad.status_code == 400 and "ArgumentInvalid" in bad.json()["Message"]
+    assert test("true", policy="device").status_code == 401
+
+
+def test_rest_answers_are_never_pages(hub):
+    hub.create_device("d1")
+    sent = hub.request(
+        "POST", "/devices/d1/messages/deviceBound", hub.token(),
+        data=b"<script>alert(1)</script>", headers={"Content-Type": "text/html"},
+    )
+    assert sent.status_code == 204, sent.text
+    received = hub.request("GET", "/devices/d1/messages/deviceBound", hub.device_token("d1"))
+    assert received.status_code == 200 and received.content == b"<script>alert(1)</script>"
+    for r in [received, hub.request("GET", "/devices/d1", hub.token()), hub.request("GET", "/nope", None)]:
+        assert r.headers["X-Content-Type-Options"] == "nosniff"
+        assert r.headers["Content-Security-Policy"].startswith("sandbox;")
+    # The console's own files keep their own policy, which lets its scripts run.
+    page = hub.request("GET", "/console/", None)
+    assert page.status_code == 200 and "sandbox" not in page.headers["Content-Security-Policy"]
