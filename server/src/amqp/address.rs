@@ -141,10 +141,12 @@ impl Node {
             return Node::Device { who, link };
         }
         let trimmed = path.trim_start_matches('/');
-        if trimmed.len() > "messages/events/".len()
-            && trimmed[.."messages/events/".len()].eq_ignore_ascii_case("messages/events/")
-        {
-            return Node::EventsRedirect(trimmed["messages/events/".len()..].to_string());
+        // `get`, not indexing: the address is the peer's text, and byte 16 may fall inside a
+        // multi-byte character (a fuzz finding: slicing there panicked the connection task).
+        if let Some(rest) = strip_prefix_ignore_ascii_case(trimmed, EVENTS_REDIRECT_PREFIX) {
+            if !rest.is_empty() {
+                return Node::EventsRedirect(rest.to_string());
+            }
         }
         if let [scope, literal, rid] = path
             .trim_start_matches('/')
@@ -173,9 +175,38 @@ impl Node {
     }
 }
 
+/// The address prefix of a back-end's receiver redirected to the built-in endpoint.
+const EVENTS_REDIRECT_PREFIX: &str = "messages/events/";
+
+/// `text` without `prefix` when it starts with it in any ASCII case; `None` otherwise, also when
+/// the prefix's length falls inside a multi-byte character of `text`.
+fn strip_prefix_ignore_ascii_case<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = text.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &text[prefix.len()..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_multibyte_character_at_the_redirect_prefix_length_is_no_redirect() {
+        // "messages/events" then a two-byte character straddling byte 16.
+        let address = "messages/eventsé/x";
+        assert_eq!(
+            strip_prefix_ignore_ascii_case(address, EVENTS_REDIRECT_PREFIX),
+            None
+        );
+        assert_eq!(
+            strip_prefix_ignore_ascii_case("/x/MESSAGES/Events/$management", "/x/messages/events/"),
+            Some("$management")
+        );
+        assert_eq!(
+            strip_prefix_ignore_ascii_case("messages/ev", EVENTS_REDIRECT_PREFIX),
+            None
+        );
+    }
 
     #[test]
     fn device_addresses_in_any_case() {
