@@ -550,6 +550,7 @@ async fn serve_store(
                 db_dir: db_path(data_dir),
                 config: store_config(config),
                 indexed_paths: config.query.indexed_paths.clone(),
+                probe_bytes: (config.storage.recovery_free_space_mb as usize) << 20,
             },
             shutdown.clone(),
         ))

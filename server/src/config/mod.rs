@@ -348,6 +348,10 @@ pub struct StorageSection {
     /// allocator pages of its own: with hundreds of them after a connect storm, idle devices
     /// cost a third more memory, and connects were slower, not faster.
     pub engine_threads: usize,
+    /// After a durable write failed (a full disk), the store is reopened once this many MiB can
+    /// be written and synced in the data directory again: room for a new write-ahead log and a
+    /// memtable flush, and more than RocksDB frees by itself when it drops a failed file.
+    pub recovery_free_space_mb: u32,
 }
 
 impl Default for StorageSection {
@@ -355,6 +359,7 @@ impl Default for StorageSection {
         StorageSection {
             durability: DurabilitySetting::default(),
             engine_threads: 8,
+            recovery_free_space_mb: 32,
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Storage recovery: after a durable write failed (a full disk, an I/O error), the store refuses
 //! writes for good (it cannot know what a failed sync left behind). This task brings writes back
 //! without a restart, the way a restart would: once the data directory takes a probe file of
-//! [`PROBE_BYTES`] again, it closes the poisoned store and opens it anew, so RocksDB recovers
-//! from its write-ahead log exactly the acknowledged writes.
+//! [`Recovery::probe_bytes`] again (`[storage] recovery_free_space_mb`), it closes the poisoned
+//! store and opens it anew, so RocksDB recovers from its write-ahead log exactly the
+//! acknowledged writes.
 //!
 //! # Invariants
 //! - The old store is closed before the new one opens (RocksDB's lock), and only once no call
@@ -24,9 +25,6 @@ use super::StoreHandle;
 
 /// How often a store that refuses writes is looked at.
 const CHECK_EVERY: Duration = Duration::from_secs(2);
-/// Free space the data directory must show (as a file written and synced) before a reopen:
-/// room for a new write-ahead log and a memtable flush.
-pub const PROBE_BYTES: usize = 32 << 20;
 /// How long one attempt waits for calls still using the old store.
 const DRAIN_WAIT: Duration = Duration::from_secs(10);
 
@@ -36,6 +34,8 @@ pub struct Recovery {
     pub db_dir: PathBuf,
     pub config: StoreConfig,
     pub indexed_paths: Vec<String>,
+    /// Free space the data directory must show (as a file written and synced) before a reopen.
+    pub probe_bytes: usize,
 }
 
 /// Runs until `shutdown`, reopening the store whenever it refuses writes and space allows.
@@ -55,7 +55,7 @@ pub async fn run(store: StoreHandle, recovery: Recovery, shutdown: CancellationT
             tracing::warn!(
                 dir = %recovery.data_dir.display(),
                 "writes are refused; the store is reopened once {} MB can be written here",
-                PROBE_BYTES >> 20
+                recovery.probe_bytes >> 20
             );
         }
         let (slot, recovery) = (Arc::clone(store.slot()), Arc::clone(&recovery));
@@ -89,7 +89,7 @@ enum Attempt {
 
 /// Blocking: probes for space, then swaps the store.
 fn attempt(slot: &StoreSlot, recovery: &Recovery) -> Attempt {
-    if let Err(e) = probe(&recovery.data_dir) {
+    if let Err(e) = probe(&recovery.data_dir, recovery.probe_bytes) {
         return Attempt::NoSpace(e);
     }
     let mut guard = slot.replace();
@@ -125,14 +125,14 @@ fn attempt(slot: &StoreSlot, recovery: &Recovery) -> Attempt {
     }
 }
 
-/// Writes, syncs and removes a file of [`PROBE_BYTES`] in the data directory.
-fn probe(dir: &std::path::Path) -> std::io::Result<()> {
+/// Writes, syncs and removes a file of `bytes` in the data directory.
+fn probe(dir: &std::path::Path, bytes: usize) -> std::io::Result<()> {
     use std::io::Write as _;
     let path = dir.join(".space-probe");
     let result = (|| {
         let mut file = std::fs::File::create(&path)?;
         let chunk = vec![0u8; 1 << 20];
-        for _ in 0..PROBE_BYTES / chunk.len() {
+        for _ in 0..bytes.div_ceil(chunk.len()) {
             file.write_all(&chunk)?;
         }
         file.sync_all()
