@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "pytho
 binary, work, out = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 os.environ["FERROHUB_BIN"] = binary
 
-from d2cload import Flooder, Quiet  # noqa: E402
+from d2cload import Flooder, Quiet, Window  # noqa: E402
 from hubkit import Hub  # noqa: E402
 
 RATE = int(os.environ.get("RATE", "120"))
@@ -26,9 +26,9 @@ try:
     quiet_ids = [f"quiet-{i}" for i in range(99)]
     for d in quiet_ids + ["flooder"]:
         hub.create_device(d)
-    until = time.time() + DURATION
-    quiet = [Quiet(hub, d, until) for d in quiet_ids]
-    flooder = Flooder(hub, "flooder", until)
+    window = Window(len(quiet_ids) + 1, DURATION)
+    quiet = [Quiet(hub, d, window) for d in quiet_ids]
+    flooder = Flooder(hub, "flooder", window)
     for t in quiet + [flooder]:
         t.start()
     for t in quiet + [flooder]:

@@ -495,9 +495,12 @@ def test_module_page_twin_telemetry_and_method(sdk_hub, chromium):
     try:
         page.click(f"{testid('module-row')} a:has-text('filter')")
         page.wait_for_function("location.hash === '#/devices/mod-host/modules/filter'")
+        # The device page stays "ready" until the module page replaces it: wait for the
+        # module's own tabs (the device's are six), not for a state the old page already had.
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('[role=tab]')].map(t => t.dataset.testid).join() === "
+            "'tab-twin,tab-telemetry,tab-method'", timeout=20_000)
         wait_state(page)
-        tabs = page.eval_on_selector_all("[role=tab]", "ts => ts.map(t => t.dataset.testid)")
-        assert tabs == ["tab-twin", "tab-telemetry", "tab-method"], tabs
         page.wait_for_selector(f"{testid('connection-state')}[data-state='Connected']", timeout=WAIT * 1000)
         # Tabs move with the arrow keys.
         page.focus(testid("tab-twin"))

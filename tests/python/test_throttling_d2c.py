@@ -3,14 +3,16 @@ the connection is closed and its CONNECT refused (CONNACK 3); twin operations ov
 throttle are answered 429 on the twin response topic; the daily quota answers 403002; one
 flooding device cannot starve 99 quiet ones (fair share)."""
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from azure.iot.device import IoTHubDeviceClient, Message
 from azure.iot.device.exceptions import ClientError, OperationCancelled
 
 from hubkit import Hub
-from d2cload import Flooder, Quiet
+from d2cload import Flooder, Quiet, Window
 from mqttraw import RawMqtt, connect_device
 
 
@@ -44,37 +46,65 @@ def sdk_client(hub, device_id):
 
 
 def test_a_device_sdk_over_the_d2c_budget_is_slowed_then_refused(hub_factory):
-    hub = hub_factory('tier = "s1"\nd2c_sends_per_second = 20\nfair_share_hold = "2s"\n', sdk_ports=True)
+    """Four threads share one SDK client, so the device outruns a budget of 20 a second however
+    slowly this machine makes round trips: it is held to the budget's pace, then refused and
+    kept away for the hold (5 s), then served again."""
+    hub = hub_factory('tier = "s1"\nd2c_sends_per_second = 20\nfair_share_hold = "5s"\n', sdk_ports=True)
     hub.create_device("flood-sdk")
     client = sdk_client(hub, "flood-sdk")
     client.connect()
-    sent, error = 0, None
+    lock = threading.Lock()
+    sent, errors, refused = [0], [], threading.Event()
     started = time.time()
-    try:
-        while time.time() - started < 30:
-            client.send_message(Message(f"m{sent}"))
-            sent += 1
-    except (ClientError, OperationCancelled) as e:
-        error = e
+
+    def flood():
+        while not refused.is_set() and time.time() - started < 60:
+            try:
+                client.send_message(Message("m"))
+            except (ClientError, OperationCancelled) as e:
+                with lock:
+                    errors.append(e)
+                refused.set()
+                return
+            with lock:
+                sent[0] += 1
+
+    # Daemons: once the hub closed the connection, the SDK (connection_retry off) may leave the
+    # other threads' sends pending until shutdown() cancels them.
+    threads = [threading.Thread(target=flood, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    refused.wait(90)
     elapsed = time.time() - started
-    client.shutdown()
-    assert error is not None, f"{sent} messages in {elapsed:.1f} s and never refused"
-    # A second's burst (20) passes at once; the rest came at the budget's pace, then the refusal.
-    assert sent >= 20, sent
-    assert elapsed >= (sent - 20) / 20 * 0.8, (sent, elapsed)
-    # The refused device is kept away for a while: its CONNECT is answered "server unavailable".
+    # The refused device is kept away for the hold: its CONNECT is answered "server unavailable".
     c = RawMqtt(hub.mqtt_port, hub.ca)
     try:
         _, rc = c.connect("flood-sdk", "localhost/flood-sdk/?api-version=2021-04-12", hub.device_token("flood-sdk"))
     finally:
         c.close()
+    client.shutdown()
+    with lock:
+        sent = sent[0]
+    assert errors, f"{sent} messages in {elapsed:.1f} s and never refused"
     assert rc == 3, rc
-    # What the hub acknowledged is stored, and nothing more: every acknowledged send is there.
-    time.sleep(0.5)
+    # A second's burst (20) passes at once; the rest came no faster than the budget's pace.
+    assert sent >= 20, sent
+    assert elapsed >= (sent - 20) / 20 * 0.8, (sent, elapsed)
+    # What the hub acknowledged is stored: every acknowledged send is there.
     stored = [e for e in hub.events_of("flood-sdk")]
     assert len(stored) >= sent, (len(stored), sent)
     # After the hold the device is served again.
-    time.sleep(2.5)
+    deadline = time.time() + 60
+    while True:
+        c = RawMqtt(hub.mqtt_port, hub.ca)
+        try:
+            _, rc = c.connect("flood-sdk", "localhost/flood-sdk/?api-version=2021-04-12", hub.device_token("flood-sdk"))
+        finally:
+            c.close()
+        if rc == 0:
+            break
+        assert rc == 3 and time.time() < deadline, rc
+        time.sleep(0.5)
     again = sdk_client(hub, "flood-sdk")
     again.connect()
     again.send_message(Message("after"))
@@ -82,26 +112,36 @@ def test_a_device_sdk_over_the_d2c_budget_is_slowed_then_refused(hub_factory):
 
 
 def test_twin_operations_over_their_throttle_are_answered_429(hub_factory):
+    """Twelve reported-property patches at once against a throttle of 2 a second: the burst is
+    served, the rest are answered 429, and a refused patch changes nothing. All at once, so the
+    throttle is exceeded however slowly this machine makes round trips."""
     hub = hub_factory('tier = "s1"\ntwin_updates_per_second = 2\ntwin_reads_per_second = 2\n', sdk_ports=True)
     hub.create_device("twin-thr")
     client = sdk_client(hub, "twin-thr")
     client.connect()
-    refused = None
-    done = 0
-    for i in range(20):
+
+    def patch(n):
         try:
-            client.patch_twin_reported_properties({"n": i})
-            done += 1
+            client.patch_twin_reported_properties({"n": n})
+            return n, None
         except ClientError as e:
             # The sync client wraps the pipeline's ServiceError("... status 429").
-            refused = e.__cause__ or e
-            break
-    assert refused is not None and "429" in str(refused), (done, refused)
-    assert 2 <= done <= 6, done
-    # The refused patch changed nothing; after a pause the device is served again.
+            return n, e.__cause__ or e
+
+    started = time.time()
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        results = list(pool.map(patch, range(12)))
+    elapsed = time.time() - started
+    served = [n for n, error in results if error is None]
+    refused = [(n, error) for n, error in results if error is not None]
+    assert refused and all("429" in str(error) for _, error in refused), results
+    # At least the burst was served, and never more than the budget of the time it took.
+    assert 2 <= len(served) <= 2 + 2 * elapsed + 1, (served, elapsed)
+    # The stored value is a served patch's; after a pause the device is served again.
     time.sleep(1.5)
     twin = client.get_twin()
-    assert twin["reported"]["n"] == done - 1
+    assert twin["reported"]["n"] in served, (twin["reported"], served)
+    client.patch_twin_reported_properties({"after": True})
     client.shutdown()
 
 
@@ -133,27 +173,32 @@ def test_the_daily_quota_counts_4kb_chunks_and_answers_403002(hub_factory):
 
 
 def test_one_flooding_device_cannot_starve_99_quiet_ones(hub_factory):
+    """Behaviour, not speed (bench/fair_share.py measures the PUBACK latencies): while one device
+    floods, every quiet device keeps being served, and the flooder is held to what the others
+    leave of the budget, then cut off and refused."""
     rate = 120
     hub = hub_factory(f'tier = "s1"\nd2c_sends_per_second = {rate}\nregistry_per_minute = 5000\nfair_share_hold = "3s"\n')
     quiet_ids = [f"quiet-{i}" for i in range(99)]
     for d in quiet_ids + ["flooder"]:
         hub.create_device(d)
     duration = 12
-    until = time.time() + duration
-    quiet = [Quiet(hub, d, until) for d in quiet_ids]
-    flooder = Flooder(hub, "flooder", until)
-    for t in quiet:
-        t.start()
-    flooder.start()
+    window = Window(len(quiet_ids) + 1, duration)
+    # A PUBACK that takes 30 s is a device not served; a slow machine is not.
+    quiet = [Quiet(hub, d, window, puback_timeout=30) for d in quiet_ids]
+    flooder = Flooder(hub, "flooder", window)
     for t in quiet + [flooder]:
-        t.join(duration + 30)
-    latencies = [x for t in quiet for x in t.latencies]
-    failures = [f for t in quiet for f in t.failures]
-    sends = len(latencies) + len(failures)
-    within = sum(1 for x in latencies if x <= 1.0)
-    assert sends >= 99 * (duration - 2), sends
-    assert within >= 0.99 * sends, (within, sends, failures[:5], sorted(latencies)[-5:])
-    # The flooder was held back: never more than what the quiet devices left of the budget
-    # (plus the first second's burst), and refused at least once.
-    assert flooder.acked <= rate * duration - len(latencies) + rate, (flooder.acked, len(latencies))
+        t.start()
+    for t in quiet + [flooder]:
+        t.join(300 + duration + 60)
+        assert not t.is_alive(), f"{t.device_id} still running"
+    # Every quiet device sent in the window, and every send was acknowledged: none was refused,
+    # closed or left unanswered.
+    failures = {t.device_id: t.failures for t in quiet if t.failures}
+    assert not failures, failures
+    unserved = [t.device_id for t in quiet if not t.latencies]
+    assert not unserved, unserved
+    acked_quiet = sum(len(t.latencies) for t in quiet)
+    # The flooder was held back: never more than what the quiet devices left of the window's
+    # budget (plus the first second's burst), then disconnected and its CONNECTs refused.
+    assert flooder.acked <= rate * duration - acked_quiet + rate, (flooder.acked, acked_quiet)
     assert flooder.disconnects >= 1 and flooder.refused_connects >= 1, vars(flooder)
