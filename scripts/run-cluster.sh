@@ -55,6 +55,8 @@ nats_config() {
     cat <<EOF
 server_name: nats$n
 listen: $ip:4222
+# Monitoring (/healthz), read before the hubs start.
+http: $ip:8222
 max_payload: 8MB
 jetstream {
     store_dir: "$DIR/nats$n"
@@ -146,21 +148,46 @@ start_one() {
     echo $! >"$DIR/pids/$name.pid"
 }
 
-stop_all() {
-    local pids=()
-    for f in "$DIR"/pids/*.pid; do
+# Stops the processes whose PID files are given, by PID (SIGTERM, then SIGKILL after 20 s).
+stop_pids() {
+    local pids=() f
+    for f in "$@"; do
         [ -f "$f" ] || continue
         if pid_alive "$f"; then pids+=("$(cat "$f")"); fi
+        rm -f "$f"
     done
-    [ ${#pids[@]} -gt 0 ] && kill "${pids[@]}" 2>/dev/null || true
+    [ ${#pids[@]} -gt 0 ] || return 0
+    kill "${pids[@]}" 2>/dev/null || true
     for _ in $(seq 1 100); do
-        local alive=0
+        local alive=0 p
         for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-        [ "$alive" = 0 ] && break
+        [ "$alive" = 0 ] && return 0
         sleep 0.2
     done
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    rm -f "$DIR"/pids/*.pid
+    kill -9 "${pids[@]}" 2>/dev/null || true
+}
+
+# The hubs first, while NATS still answers (a writer stopping releases its lease there instead
+# of waiting for the release to time out), then HAProxy and the nats-servers.
+stop_all() {
+    stop_pids "$DIR"/pids/hub*.pid
+    stop_pids "$DIR"/pids/*.pid
+}
+
+# Waits until every nats-server's JetStream is healthy (/healthz: the meta group has a leader
+# and this server is current), so the hubs' first JetStream requests are answered instead of
+# timing out.
+wait_jetstream() {
+    local n
+    for n in 1 2 3; do
+        local url="http://$(ip_of "nats$n"):8222/healthz"
+        for _ in $(seq 1 600); do
+            curl -fsS -o /dev/null --max-time 1 "$url" 2>/dev/null && continue 2
+            sleep 0.1
+        done
+        echo "run-cluster: JetStream on nats$n not healthy after 60 s ($url)" >&2
+        return 1
+    done
 }
 
 # Prints the name of the node whose health endpoint says it serves, or fails.
@@ -217,6 +244,7 @@ mkdir -p "$DIR/pids" "$DIR/logs" "$DIR/conf" "$DIR/tls"
 if [ -n "${FERROHUB_CLUSTER_EXTRA:-}" ]; then printf '%s\n' "$FERROHUB_CLUSTER_EXTRA" >"$DIR/conf/cluster-extra.toml"; fi
 for n in 1 2 3; do start_one "nats$n"; done
 for n in 1 2 3; do wait_port "$(ip_of "nats$n"):4222" 30; done
+wait_jetstream
 if [ -n "$SEED" ]; then
     # The seeded node writes its hub into the empty log before anyone else may write.
     start_one hub1

@@ -52,6 +52,9 @@ class Cluster(Hub):
     def start(self, timeout: float = 240, seed: Path | None = None, cluster_config: str = "") -> "Cluster":
         """Starts the cluster; with `seed` (a data directory outside any cluster) a new cluster
         holding that directory's hub; `cluster_config`: more `[cluster]` lines for every node."""
+        from hubkit import STARTED
+
+        STARTED.append(self)
         args = ["--seed", str(seed)] if seed else []
         env = {**os.environ, "FERROHUB_CLUSTER_EXTRA": cluster_config}
         out = subprocess.run(["bash", SCRIPT, *args, str(self.root)], capture_output=True, text=True,
@@ -69,6 +72,12 @@ class Cluster(Hub):
 
     def kill(self) -> int:
         return self.stop()
+
+    def running(self) -> bool:
+        return any(self.alive(n) for n in NAMES)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return f"== cluster in {self.root}\n" + self.logs(lines)
 
     def pid(self, name: str) -> int | None:
         p = self.root / "pids" / f"{name}.pid"

@@ -21,6 +21,10 @@ import requests
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Every hub (and cluster) started in this pytest process, in order: conftest.py adds the log
+# tails of the ones a failed test used to its report.
+STARTED: list = []
+
 
 def binary() -> str:
     if os.environ.get("FERROHUB_BIN"):
@@ -65,6 +69,7 @@ class Hub:
 
     # -- process control -------------------------------------------------------------------
     def start(self, extra_args=(), timeout: float = 60) -> "Hub":
+        STARTED.append(self)
         self.startup_lines = []
         err = open(self.stderr_path, "ab")
         self.proc = subprocess.Popen(
@@ -106,6 +111,18 @@ class Hub:
     def _drain(proc):
         for _ in proc.stdout:
             pass
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the hub's log, headed by its path."""
+        try:
+            text = self.stderr_path.read_text(errors="replace").splitlines()
+        except OSError as e:
+            return f"== {self.stderr_path}: {e}"
+        return f"== {self.stderr_path} (last {min(lines, len(text))} of {len(text)} lines)\n" + \
+            "\n".join(t[:400] for t in text[-lines:])
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
         self.proc.send_signal(sig)
