@@ -32,7 +32,7 @@ try:
     for t in quiet + [flooder]:
         t.start()
     for t in quiet + [flooder]:
-        t.join(DURATION + 30)
+        t.join(DURATION + 150)
 finally:
     hub.kill()
 

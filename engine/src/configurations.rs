@@ -42,7 +42,7 @@ pub struct Configuration {
     pub etag: String,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ConfigurationError {
     #[error("a configuration with id {0} already exists")]
     AlreadyExists(String),

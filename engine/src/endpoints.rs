@@ -30,7 +30,7 @@ pub const CUSTOM_BASE: u16 = 32;
 /// Most partitions of one custom endpoint.
 pub const MAX_ENDPOINT_PARTITIONS: u16 = 32;
 
-const ENDPOINT_PREFIX: &[u8] = b"endpoint/";
+pub(crate) const ENDPOINT_PREFIX: &[u8] = b"endpoint/";
 const ROUTER_CURSOR: &[u8] = b"router/next_notification";
 
 fn endpoint_key(name: &str) -> Vec<u8> {

@@ -2,8 +2,12 @@
 
 use std::fmt;
 
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
 /// A key shown in messages: printable when it is text, hex otherwise.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyDisplay(pub Vec<u8>);
 
 impl fmt::Display for KeyDisplay {
@@ -20,12 +24,13 @@ impl fmt::Display for KeyDisplay {
 }
 
 /// Failures of the storage layer itself; every domain error can carry one.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error, Serialize, Deserialize)]
 pub enum StorageError {
     /// A stored record failed its checksum or does not decode. The data is not served.
     #[error("corrupt record in column family {cf} at key {key}: {reason}")]
     Corruption {
-        cf: &'static str,
+        /// A column family's name (`Cow`, so the error serializes for a cluster follower).
+        cf: Cow<'static, str>,
         key: KeyDisplay,
         reason: String,
     },
@@ -51,6 +56,14 @@ pub enum StorageError {
     /// waiting is allowed.
     #[error("the call would have had to wait")]
     WouldBlock,
+    /// A cluster follower's store: it applies the writer's log and serves reads, and its
+    /// writes go to the writer instead (docs/cluster.md).
+    #[error("this cluster node is not the writer")]
+    NotWriter,
+    /// A write forwarded to the cluster's writer got no answer (no writer, NATS without a
+    /// majority): it may or may not have happened, as with any 503.
+    #[error("the cluster's writer is unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// Why the store could not be opened.
@@ -67,16 +80,19 @@ pub enum OpenError {
 }
 
 /// Input the registry refuses; each maps to an IoT Hub 400 error.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum ValidationError {
     #[error("{field} is invalid: {reason}")]
-    Invalid { field: &'static str, reason: String },
+    Invalid {
+        field: Cow<'static, str>,
+        reason: String,
+    },
 }
 
 impl ValidationError {
     pub(crate) fn new(field: &'static str, reason: impl Into<String>) -> Self {
         Self::Invalid {
-            field,
+            field: Cow::Borrowed(field),
             reason: reason.into(),
         }
     }
@@ -91,7 +107,7 @@ pub(crate) struct EtagMismatch {
 }
 
 /// Registry operations (devices and modules).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, Serialize, Deserialize)]
 pub enum RegistryError {
     #[error("device {0} not registered")]
     DeviceNotFound(String),
@@ -127,7 +143,7 @@ impl From<EtagMismatch> for RegistryError {
 
 /// Twin operations: reads, service-side patches and replacements, device-side reported patches.
 /// Messages are the registry's for the same conditions, so either layer words them alike.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, Serialize, Deserialize)]
 pub enum TwinError {
     /// The device (`module_id` `None`) or module is not registered.
     #[error("{}", not_registered(.device_id, .module_id.as_deref()))]
@@ -159,7 +175,7 @@ impl From<EtagMismatch> for TwinError {
 }
 
 /// Hub settings and policies.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, Serialize, Deserialize)]
 pub enum HubError {
     #[error("the hub has not been initialised")]
     NotInitialised,

@@ -66,7 +66,7 @@ pub struct JobRecord {
 }
 
 /// Why a job was not created.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum JobError {
     #[error("job {active} is {status:?}; one import/export job runs at a time")]
     AnotherActive { active: String, status: JobStatus },

@@ -69,7 +69,12 @@ use parking_lot::Mutex;
 pub use error::{HubError, OpenError, RegistryError, StorageError, TwinError, ValidationError};
 pub use ferrohub_migrations::LATEST_VERSION as SCHEMA_VERSION;
 pub use model::UnixMillis;
-pub use raw::{CommitHold, CommitLog, CommitStats, Durability, LogError, LAG_NAP, LAG_SYNC_WITHIN};
+pub use raw::{
+    empty_log_entry, CommitHold, CommitLog, CommitStats, Durability, LogError, LAG_NAP,
+    LAG_SYNC_WITHIN,
+};
+/// Batches that may wait for the committer by default (see [`StoreConfig::commit_queue_depth`]).
+pub const DEFAULT_COMMIT_QUEUE_DEPTH: usize = raw::DEFAULT_QUEUE_DEPTH;
 pub use replica::Replica;
 
 /// Engine settings.
@@ -256,6 +261,54 @@ impl Store {
         // Read-only: a hub that never recorded its count has no partitions to read.
         let partition_count = stored_partition_count(&raw)?.unwrap_or(0);
         Ok(Self::from_raw(raw, partition_count, SCHEMA_VERSION, 0)?)
+    }
+
+    /// Opens (creating if needed) a cluster follower's store: the database as the commit log
+    /// made it, fed further entries by [`Store::apply_log_entry`]. It serves every read as a
+    /// writer's store does, from the same in-memory state kept current as entries apply, and
+    /// refuses every write with [`StorageError::NotWriter`] (the writer makes them). Nothing
+    /// is written on open, not even to an empty database: a new node learns the hub from the
+    /// log.
+    ///
+    /// # Errors
+    /// As [`Store::open`]; [`OpenError::InUse`] while another handle holds the database.
+    pub fn open_follower(path: &Path) -> Result<Store, OpenError> {
+        let raw = raw::Raw::open_follower(path)?;
+        let partition_count = stored_partition_count(&raw)?.unwrap_or(0);
+        let store = Self::from_raw(raw, partition_count, SCHEMA_VERSION, 0)?;
+        store.follow_twin_index()?;
+        Ok(store)
+    }
+
+    /// Applies the commit log's entry `seq` to a follower's store (see [`Replica`]) and brings
+    /// its in-memory state along. Returns `None` for an entry applied already, else the D2C
+    /// partitions whose newest event the entry added, each with its sequence number.
+    ///
+    /// # Errors
+    /// A gap before `seq`, a malformed entry, or the database's failure.
+    pub fn apply_log_entry(
+        &self,
+        seq: u64,
+        entry: &[u8],
+    ) -> Result<Option<Vec<(u16, u64)>>, StorageError> {
+        let Some(touched) = self.raw.apply_log_entry(seq, entry)? else {
+            return Ok(None);
+        };
+        let advanced = self.partitions.follow(&self.raw, &touched)?;
+        if touched
+            .meta
+            .iter()
+            .any(|k| Store::is_twin_index_definition_key(k))
+        {
+            self.follow_twin_index()?;
+        }
+        Ok(Some(advanced))
+    }
+
+    /// The commit log sequence of the last group this writer appended (0 before the first, and
+    /// on a store without a log): every write acknowledged so far is in the log at or below it.
+    pub fn last_logged_sequence(&self) -> u64 {
+        self.raw.last_logged_sequence()
     }
 
     /// The one constructor: loads what the engine keeps in memory (partition heads and

@@ -135,14 +135,14 @@ pub struct Identity {
 }
 
 /// The symmetric-key part of a request: either key may be left out and is then generated.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KeysSpec {
     pub primary_key: Option<String>,
     pub secondary_key: Option<String>,
 }
 
 /// What a caller may set on an identity. Everything else is the hub's.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IdentitySpec {
     pub status: Status,
     pub status_reason: Option<String>,
@@ -295,7 +295,7 @@ pub(crate) fn new_generation_id() -> String {
 }
 
 /// `If-Match` as the registry understands it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum IfMatch {
     /// Absent or `*`: unconditional.
     Any,

@@ -6,16 +6,19 @@
 //!   empty database), so it is always a prefix of the log. The one exception is a seed: a hub
 //!   outside any log writes itself into an empty log as entries of puts, then records the last
 //!   one as applied.
-//! - It keeps no in-memory state of the hub: a node that becomes the writer closes its replica
-//!   and opens a [`crate::Store`] on the same directory, which loads what it needs from disk.
+//! - It serves reads through a follower's [`Store`] ([`Replica::store`]), whose in-memory
+//!   state follows each applied entry, and writes nothing of its own through it. A node that
+//!   becomes the writer closes its replica (every handle to that store) and opens a writing
+//!   [`Store`] on the same directory, which loads what it needs from disk.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::error::{OpenError, StorageError};
-use crate::raw::{Durability, Raw};
+use crate::Store;
 
 pub struct Replica {
-    raw: Raw,
+    store: Arc<Store>,
 }
 
 impl Replica {
@@ -24,14 +27,15 @@ impl Replica {
     /// # Errors
     /// As [`crate::Store::open`]; [`OpenError::InUse`] while another handle holds it.
     pub fn open(path: &Path) -> Result<Replica, OpenError> {
-        let raw = Raw::open(
-            path,
-            Durability::Relaxed,
-            1,
-            ferrohub_migrations::LATEST_VERSION,
-            None,
-        )?;
-        Ok(Replica { raw })
+        Ok(Replica {
+            store: Arc::new(Store::open_follower(path)?),
+        })
+    }
+
+    /// The follower's store, for reads (it refuses writes: `StorageError::NotWriter`). The
+    /// database closes once the replica and every such handle are dropped.
+    pub fn store(&self) -> Arc<Store> {
+        Arc::clone(&self.store)
     }
 
     /// The last log sequence applied; 0 when none.
@@ -39,7 +43,7 @@ impl Replica {
     /// # Errors
     /// [`StorageError`] when the record cannot be read.
     pub fn applied_sequence(&self) -> Result<u64, StorageError> {
-        self.raw.applied_log_sequence()
+        self.store.raw.applied_log_sequence()
     }
 
     /// [`Replica::applied_sequence`], once everything up to it is synced to disk (entries are
@@ -48,7 +52,7 @@ impl Replica {
     /// # Errors
     /// [`StorageError`] when the record cannot be read or the sync fails.
     pub fn synced_applied_sequence(&self) -> Result<u64, StorageError> {
-        self.raw.synced_applied_log_sequence()
+        self.store.raw.synced_applied_log_sequence()
     }
 
     /// Whether the database holds a hub that did not come from a cluster's log (one served or
@@ -58,6 +62,7 @@ impl Replica {
     /// [`StorageError`] when the records cannot be read.
     pub fn holds_a_hub_outside_the_log(&self) -> Result<bool, StorageError> {
         let hub = self
+            .store
             .raw
             .get_record::<crate::hub::HubSettings>(
                 ferrohub_migrations::cf::META,
@@ -76,7 +81,8 @@ impl Replica {
         &self,
         each: impl FnMut(Vec<u8>) -> Result<(), E>,
     ) -> Result<(), E> {
-        self.raw
+        self.store
+            .raw
             .seed_log_entries(crate::raw::MAX_LOG_ENTRY_BYTES, each)
     }
 
@@ -86,14 +92,15 @@ impl Replica {
     /// # Errors
     /// The database's failure.
     pub fn mark_seeded(&self, last: u64) -> Result<(), StorageError> {
-        self.raw.mark_applied(last)
+        self.store.raw.mark_applied(last)
     }
 
-    /// Applies entry `seq` (see `raw::log`); false when it was applied already.
+    /// Applies entry `seq` (see `raw::log`): `None` when it was applied already, else the
+    /// D2C partitions it added events to, with their newest sequence numbers.
     ///
     /// # Errors
     /// A gap before `seq`, a malformed entry, or the database's failure.
-    pub fn apply(&self, seq: u64, entry: &[u8]) -> Result<bool, StorageError> {
-        self.raw.apply_log_entry(seq, entry)
+    pub fn apply(&self, seq: u64, entry: &[u8]) -> Result<Option<Vec<(u16, u64)>>, StorageError> {
+        self.store.apply_log_entry(seq, entry)
     }
 }

@@ -153,6 +153,7 @@ fn lagging_batches_queued_close_together_share_writes() {
     let before = store.commit_stats();
     let (tx, rx) = std::sync::mpsc::channel();
     let batches = 200;
+    let queued_from = std::time::Instant::now();
     for i in 0..batches {
         let tx = tx.clone();
         store
@@ -167,6 +168,12 @@ fn lagging_batches_queued_close_together_share_writes() {
         }
         std::thread::sleep(std::time::Duration::from_micros(50));
     }
+    // A loaded machine sleeps longer than 50 us: the naps (1 ms each) then number more, but
+    // without them every batch would be its own write.
+    let queued_ms = queued_from.elapsed().as_millis() as u64;
+    let bound = (batches as u64 / 5)
+        .max(queued_ms * 3 / 2)
+        .min(batches as u64 / 2);
     for _ in 0..batches {
         rx.recv_timeout(std::time::Duration::from_secs(10))
             .unwrap()
@@ -174,8 +181,8 @@ fn lagging_batches_queued_close_together_share_writes() {
     }
     let writes = store.commit_stats().writes - before.writes;
     assert!(
-        writes <= (batches / 5) as u64,
-        "{writes} writes for {batches} lagging batches queued 50 us apart"
+        writes <= bound,
+        "{writes} writes for {batches} lagging batches queued 50 us apart in {queued_ms} ms"
     );
     assert!(store.get_device("e").is_ok());
 }

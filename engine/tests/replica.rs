@@ -73,10 +73,10 @@ fn a_replica_fed_the_log_holds_the_writers_hub() {
     let replica = Replica::open(r.path()).unwrap();
     assert_eq!(replica.applied_sequence().unwrap(), 0);
     for (i, entry) in log.entries.lock().iter().enumerate() {
-        assert!(replica.apply(i as u64 + 1, entry).unwrap());
+        assert!(replica.apply(i as u64 + 1, entry).unwrap().is_some());
     }
     // Applying again changes nothing; a gap is refused.
-    assert!(!replica.apply(1, &log.entries.lock()[0]).unwrap());
+    assert!(replica.apply(1, &log.entries.lock()[0]).unwrap().is_none());
     assert!(replica.apply(appended + 2, &log.entries.lock()[0]).is_err());
     assert_eq!(replica.applied_sequence().unwrap(), appended);
     drop(replica);
@@ -177,7 +177,7 @@ fn a_single_nodes_hub_seeds_an_empty_log_that_rebuilds_it_elsewhere() {
 
     let replica = Replica::open(other.path()).unwrap();
     for (i, entry) in log.entries.lock().iter().enumerate() {
-        assert!(replica.apply(i as u64 + 1, entry).unwrap());
+        assert!(replica.apply(i as u64 + 1, entry).unwrap().is_some());
     }
     drop(replica);
     let log = Arc::new(log);
@@ -194,4 +194,107 @@ fn a_single_nodes_hub_seeds_an_empty_log_that_rebuilds_it_elsewhere() {
         assert!(store.get_twin("d299", None).is_ok());
         assert_eq!(store.hub_settings().unwrap().unwrap().hub_name, "seeded");
     }
+}
+
+fn event(device: &str, body: &str) -> ferrohub_engine::d2c::NewEvent {
+    ferrohub_engine::d2c::NewEvent {
+        device_id: device.into(),
+        body: body.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+/// Feeds `follower` every entry of `log` it has not applied yet; returns the partitions the
+/// entries advanced.
+fn catch_up(follower: &Replica, log: &VecLog) -> Vec<(u16, u64)> {
+    let from = follower.applied_sequence().unwrap() as usize;
+    let mut advanced = Vec::new();
+    for (i, entry) in log.entries.lock().iter().enumerate().skip(from) {
+        advanced.extend(follower.apply(i as u64 + 1, entry).unwrap().unwrap());
+    }
+    advanced
+}
+
+#[test]
+fn a_followers_store_reads_what_the_log_wrote_and_refuses_writes() {
+    use ferrohub_engine::d2c::ReadPosition;
+    let (w, f) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = Arc::new(VecLog::default());
+    let writer = Store::open_replicated(w.path(), StoreConfig::default(), log.clone()).unwrap();
+    let follower = Replica::open(f.path()).unwrap();
+    let store = follower.store();
+    assert_eq!(
+        store.partition_count(),
+        0,
+        "an empty follower knows no hub yet"
+    );
+    catch_up(&follower, &log);
+    assert_eq!(store.partition_count(), writer.partition_count());
+
+    writer
+        .create_device("dev", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    let appended = writer
+        .append_events(vec![event("dev", "one"), event("dev", "two")], common::T0)
+        .unwrap();
+    let p = appended[0].partition;
+    assert_eq!(
+        writer.last_logged_sequence(),
+        log.entries.lock().len() as u64
+    );
+    let advanced = catch_up(&follower, &log);
+    assert_eq!(advanced, vec![(p, appended[1].sequence_number)]);
+    let read = store.read_events(p, ReadPosition::Start, 10).unwrap();
+    assert_eq!(
+        read.iter().map(|e| e.body.clone()).collect::<Vec<_>>(),
+        vec![b"one".to_vec(), b"two".to_vec()]
+    );
+    assert_eq!(
+        store.partition_info(p).unwrap(),
+        writer.partition_info(p).unwrap()
+    );
+    assert_eq!(store.next_sequence_number(p).unwrap(), 2);
+    assert!(store.get_device("dev").is_ok());
+
+    // A custom endpoint's partitions appear, and its events are read.
+    writer.create_endpoint("cold", 2, common::T0).unwrap();
+    catch_up(&follower, &log);
+    let slot = store
+        .endpoint_slot("cold")
+        .expect("the endpoint is followed");
+    assert_eq!(Some(slot), writer.endpoint_slot("cold"));
+    let routed = ferrohub_engine::d2c::NewEvent {
+        endpoints: Some(vec![slot]),
+        ..event("dev", "three")
+    };
+    let at = writer.append_events(vec![routed], common::T0).unwrap()[0];
+    catch_up(&follower, &log);
+    let read = store
+        .read_events(at.partition, ReadPosition::Start, 10)
+        .unwrap();
+    assert_eq!(read.len(), 1);
+    assert_eq!(read[0].body, b"three");
+
+    // The twin index definition follows the writer's.
+    writer
+        .define_twin_index(vec!["properties.reported.fw".into()])
+        .unwrap();
+    catch_up(&follower, &log);
+    assert_eq!(
+        store.twin_index_definition(),
+        writer.twin_index_definition()
+    );
+    assert!(store
+        .twin_index_definition()
+        .unwrap()
+        .covers("properties.reported.fw"));
+
+    // Writes are the writer's.
+    assert!(matches!(
+        store.create_device("mine", &IdentitySpec::default(), common::T0),
+        Err(ferrohub_engine::RegistryError::Storage(
+            ferrohub_engine::StorageError::NotWriter
+        ))
+    ));
+    assert!(store.get_device("mine").is_err());
 }

@@ -27,9 +27,12 @@ pub const SERVICE_UNAVAILABLE: ErrorCode = (
 /// A storage failure: 503 while writes are refused, otherwise a server error.
 pub fn storage(e: &StorageError) -> ErrorCode {
     match e {
-        StorageError::WriteFailed(_) | StorageError::Poisoned | StorageError::Closed => {
-            SERVICE_UNAVAILABLE
-        }
+        // A cluster writer nobody reached may or may not have taken the write: a 503, as IoT
+        // Hub answers when it cannot say (the SDKs retry it).
+        StorageError::WriteFailed(_)
+        | StorageError::Poisoned
+        | StorageError::Closed
+        | StorageError::Unavailable(_) => SERVICE_UNAVAILABLE,
         _ => SERVER_ERROR,
     }
 }

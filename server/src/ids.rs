@@ -10,7 +10,8 @@ use std::ops::Deref;
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+        #[serde(transparent)]
         pub struct $name(String);
 
         impl $name {
@@ -81,7 +82,7 @@ string_id!(
 );
 
 /// A device or one of its modules: who a connection or a device token acts for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Identity {
     pub device_id: DeviceId,
     pub module_id: Option<ModuleId>,
@@ -115,6 +116,14 @@ impl Identity {
             Some(m) => format!("{}/{m}", self.device_id),
             None => self.device_id.0.clone(),
         })
+    }
+
+    /// The identity a client id names (the inverse of [`Identity::client_id`]).
+    pub fn of_client(client_id: &ClientId) -> Identity {
+        match client_id.split_once('/') {
+            Some((d, m)) => Identity::for_module(d, m),
+            None => Identity::for_device(client_id.as_str()),
+        }
     }
 
     /// Whether this is a module rather than its device.

@@ -134,15 +134,28 @@ class Cluster(Hub):
     def reachable_through_balancer(self) -> bool:
         """A TLS handshake succeeds through HAProxy on every port (its backends are checked
         on separate timers, and one without a server accepts and closes at once)."""
+        return self.handshakes_on("127.0.0.1")
+
+    def handshakes_on(self, host: str) -> bool:
+        """A TLS handshake succeeds on `host` on each of the SDKs' ports."""
         ctx = ssl.create_default_context(cafile=self.ca)
         for port in (443, 8883, 5671):
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=5) as s, \
+                with socket.create_connection((host, port), timeout=5) as s, \
                         ctx.wrap_socket(s, server_hostname="localhost"):
                     pass
             except (OSError, ssl.SSLError):
                 return False
         return True
+
+    def wait_node_serves(self, node: str, timeout: float = 90) -> None:
+        """Waits until a (re)started node's own listeners take TLS connections: it opens them
+        only once it has opened its replica and found the hub there, a while after its
+        process started (its data directory may be read before that)."""
+        deadline = time.time() + timeout
+        while not self.handshakes_on(node_ip(node)):
+            assert time.time() < deadline, f"{node} does not serve after {timeout} s\n{self.logs()}"
+            time.sleep(0.2)
 
     @property
     def stderr_path(self) -> Path:

@@ -13,6 +13,8 @@ import time
 
 from azure.eventhub import EventHubConsumerClient
 
+from clusterkit import node_ip
+
 WAIT = 30
 # How long a partition must stay quiet to count as read to its end. The events a test reads are
 # durable before it reads them, so this only has to outlast the hub's gap between two batches
@@ -29,11 +31,14 @@ def event_hubs_connection_string(hub, policy: str = "service") -> str:
     return cache[policy]
 
 
-def consumer(hub, group: str = "$Default", connection_string: str | None = None, **kw) -> EventHubConsumerClient:
+def consumer(hub, group: str = "$Default", connection_string: str | None = None, node: str | None = None,
+             **kw) -> EventHubConsumerClient:
+    """A consumer of `hub`; in a cluster, of one `node` instead of the balancer when named."""
+    endpoint = f"amqps://{node_ip(node)}:5671" if node else f"amqps://localhost:{hub.amqp_port}"
     return EventHubConsumerClient.from_connection_string(
         connection_string or event_hubs_connection_string(hub),
         consumer_group=group,
-        custom_endpoint_address=f"amqps://localhost:{hub.amqp_port}",
+        custom_endpoint_address=endpoint,
         connection_verify=hub.ca,
         **kw,
     )

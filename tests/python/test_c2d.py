@@ -229,30 +229,32 @@ def test_expiry_before_1970_is_dead_at_once(c2d_hub):
 
 def test_mqtt_window_refills_when_in_flight_messages_die(tmp_path):
     """16 messages fill a connection's window and die by TTL while locked; the ones queued
-    behind them are delivered at once, not after the 10 s lock timeout."""
+    behind them are delivered once the TTL kills the locked ones, not after the lock timeout.
+    The TTL leaves setup (start, 20 sends, connect) seconds of slack on a loaded machine; the lock
+    timeout is far enough beyond it that the two outcomes cannot be confused."""
     config = tmp_path / "hub.toml"
-    config.write_text('[c2d]\nlock_timeout = "10s"\n')
+    config.write_text('[c2d]\nlock_timeout = "40s"\n')
     hub = Hub(tmp_path / "hub").start(["--config", str(config)])
     try:
         hub.create_device("d1")
         for i in range(16):
-            send(hub, "d1", f"short{i}".encode(), iothub_expiry=iso_in(1.5))
+            send(hub, "d1", f"short{i}".encode(), iothub_expiry=iso_in(6))
         for i in range(4):
             send(hub, "d1", f"long{i}".encode())
         c = explicit(hub, "d1")
         c.subscribe([("devices/d1/messages/devicebound/#", 1)])
         for _ in range(16):
             _, pkid, payload = read_publish(c)
-            assert payload.startswith(b"short")
+            assert payload.startswith(b"short"), "setup outlasted the TTL; nothing was locked"
             puback(c, pkid)  # receipt only: they stay locked and then expire
-        started = time.time()
+        locked_at = time.time()
         got = []
         for _ in range(4):
-            _, pkid, payload = read_publish(c, timeout=8)
+            _, pkid, payload = read_publish(c, timeout=30)
             got.append(payload)
             puback(c, pkid)
         assert got == [f"long{i}".encode() for i in range(4)]
-        assert time.time() - started < 6, "delivered after the TTL kill, not after the lock timeout"
+        assert time.time() - locked_at < 25, "delivered after the lock timeout, not after the TTL kill"
         c.disconnect()
     finally:
         hub.kill()

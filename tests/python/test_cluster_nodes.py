@@ -1,8 +1,10 @@
 """CLU: any node serves any client. Each case puts its clients on chosen nodes' own addresses
 (127.0.0.2-4, not the balancer): a device on node A with the official device SDK (IoT Edge's
 `GatewayHostName`, so it signs for the hub's host name and connects to the node), back-end
-calls on node B or C over REST, an Event Hubs consumer on node C. Followers forward their
-connections to the writer (docs/cluster.md), so every case also crosses nodes.
+calls on node B or C over REST, an Event Hubs consumer on node C. A follower holds its own
+clients' sessions and sends their writes to the writer over NATS, and live traffic (methods,
+C2D wake-ups, desired patches, takeovers) crosses nodes over NATS too (docs/cluster.md), so
+every case crosses nodes.
 
 One cluster for the module (fixed ports)."""
 
@@ -174,10 +176,28 @@ def test_device_reconnecting_to_b_closes_its_a_connection(cluster, roles):
         first.close()
 
 
+def read_events_on(cluster, node, done):
+    """Reads every partition from the start with an Event Hubs consumer on `node`'s own address
+    until `done(collector)` holds (asserted within WAIT); the collector."""
+    consumer = EventHubConsumerClient.from_connection_string(
+        ehkit.event_hubs_connection_string(cluster), consumer_group="$Default",
+        custom_endpoint_address=f"amqps://{node_ip(node)}:5671", connection_verify=cluster.ca)
+    collector = ehkit.Collector()
+    thread = ehkit.receive_in_background(consumer, collector, starting_position="-1")
+    try:
+        assert collector.wait_for(done, WAIT), collector.errors
+    finally:
+        consumer.close()
+        thread.join(10)
+    return collector
+
+
 def test_event_hubs_consumer_on_c_reads_devices_on_a_and_b_in_order(cluster, roles):
+    # The consumer reads a follower's own replica; the devices' telemetry reaches it through
+    # the log, one device on the writer and one on the other follower.
     w, a, b = roles
     sent = {}
-    for node, device in ((a, "eh-a"), (b, "eh-b")):
+    for node, device in ((w, "eh-a"), (a, "eh-b")):
         cluster.create_device(device)
         client = device_on(cluster, node, device)
         try:
@@ -187,17 +207,8 @@ def test_event_hubs_consumer_on_c_reads_devices_on_a_and_b_in_order(cluster, rol
                 client.send_message(Message(body))  # returns once PUBACKed
         finally:
             client.shutdown()
-    consumer = EventHubConsumerClient.from_connection_string(
-        ehkit.event_hubs_connection_string(cluster), consumer_group="$Default",
-        custom_endpoint_address=f"amqps://{node_ip(w)}:5671", connection_verify=cluster.ca)
-    collector = ehkit.Collector()
-    thread = ehkit.receive_in_background(consumer, collector, starting_position="-1")
-    try:
-        assert collector.wait_for(
-            lambda c: sum(1 for _, e in c.events if ehkit.device_of(e) in sent) >= 30, WAIT), collector.errors
-    finally:
-        consumer.close()
-        thread.join(10)
+    collector = read_events_on(
+        cluster, b, lambda c: sum(1 for _, e in c.events if ehkit.device_of(e) in sent) >= 30)
     for device, bodies in sent.items():
         read = [e.body_as_str() for _, e in collector.events if ehkit.device_of(e) == device]
         assert read == bodies, device
@@ -217,3 +228,88 @@ def test_statistics_and_queries_agree_on_every_node(cluster):
         answers.append((stats.json()["totalDeviceCount"], sorted(d["deviceId"] for d in q.json())))
     assert answers[0][1] == ["q-1", "q-3", "q-5"]
     assert answers.count(answers[0]) == 3, answers
+
+
+def test_a_follower_answers_with_its_own_writes_applied(cluster, roles):
+    """Read-your-writes: a write made on a follower is on that follower's replica by the time
+    the follower answers it."""
+    _, a, _ = roles
+    for i in range(20):
+        device = f"ryw-{i}"
+        r = cluster.node_request(a, "PUT", f"/devices/{device}", cluster.token(), json={"deviceId": device})
+        assert r.status_code == 200, r.text
+        got = cluster.node_request(a, "GET", f"/devices/{device}", cluster.token())
+        assert got.status_code == 200, (i, got.text)
+        patched = cluster.node_request(a, "PATCH", f"/twins/{device}", cluster.token(),
+                                       json={"tags": {"n": i}})
+        assert patched.status_code == 200, patched.text
+        twin = cluster.node_request(a, "GET", f"/twins/{device}", cluster.token())
+        assert twin.status_code == 200 and twin.json()["tags"] == {"n": i}, (i, twin.text)
+        assert twin.json()["etag"] == patched.json()["etag"]
+
+
+def connection_state_on(cluster, node, device_id):
+    r = cluster.node_request(node, "GET", f"/devices/{device_id}", cluster.token())
+    assert r.status_code == 200, r.text
+    return r.json()["connectionState"]
+
+
+def test_a_lost_followers_devices_read_disconnected(cluster, roles):
+    """A follower killed with its devices connected cannot record their ends; the writer finds
+    the node gone (the roll call, docs/cluster.md) and records them "Disconnected", on every
+    node. The killed node then starts again and serves."""
+    w, a, b = roles
+    cluster.create_device("orphan")
+    client = raw_device_on(cluster, a, "orphan")
+    try:
+        client.ping()
+        deadline = time.time() + WAIT
+        while connection_state_on(cluster, w, "orphan") != "Connected":
+            assert time.time() < deadline, "the connection was never recorded"
+            time.sleep(0.2)
+        cluster.kill_node(a)
+        deadline = time.time() + 60
+        while connection_state_on(cluster, w, "orphan") != "Disconnected":
+            assert time.time() < deadline, "the lost node's device still reads Connected"
+            time.sleep(0.5)
+        deadline = time.time() + WAIT
+        while connection_state_on(cluster, b, "orphan") != "Disconnected":
+            assert time.time() < deadline, "the other follower never applied it"
+            time.sleep(0.2)
+    finally:
+        client.close()
+        cluster.start_node(a)
+        cluster.wait_node_has_device(a, "orphan")
+        cluster.wait_node_serves(a)
+
+
+def test_a_followers_sessions_live_through_the_writers_loss(cluster, roles):
+    """A follower holds its devices' sessions itself: killing the writer does not drop them.
+    Each follower holds one raw MQTT device; once another node writes, the device on the
+    follower that stayed a follower is still connected on the same socket, and its next
+    message is acknowledged (appended by the new writer) and read back."""
+    w, a, b = roles
+    devices = {a: "stay-a", b: "stay-b"}
+    clients = {}
+    for node, device in devices.items():
+        cluster.create_device(device)
+        clients[node] = raw_device_on(cluster, node, device)
+        clients[node].publish(f"devices/{device}/messages/events/", b"before", qos=1, pkid=1)
+        clients[node].expect_puback(1)
+    try:
+        cluster.kill_node(w)
+        new_writer = cluster.wait_for_writer(other_than=w)
+        stayed = b if new_writer == a else a
+        device = devices[stayed]
+        client = clients[stayed]
+        client.publish(f"devices/{device}/messages/events/", b"after", qos=1, pkid=2)
+        client.expect_puback(2, timeout=WAIT)
+        client.ping()
+        read_events_on(cluster, stayed, lambda c: [
+            e.body_as_str() for _, e in c.events if ehkit.device_of(e) == device] == ["before", "after"])
+    finally:
+        for c in clients.values():
+            c.close()
+        cluster.start_node(w)
+        cluster.wait_node_has_device(w, "stay-a")
+        cluster.wait_node_serves(w)

@@ -39,10 +39,11 @@ class Inbox:
             return list(self.messages)
 
 
-def receiving_device(hub, device_id, inbox):
+def receiving_device(hub, device_id, inbox, connection_string=None):
     """An SDK device client, connected, whose C2D messages go to `inbox`."""
     device = IoTHubDeviceClient.create_from_connection_string(
-        hub.device_connection_string(device_id), server_verification_cert=open(hub.ca).read())
+        connection_string or hub.device_connection_string(device_id),
+        server_verification_cert=open(hub.ca).read())
     device.on_message_received = inbox.handler
     device.connect()
     return device
@@ -89,26 +90,34 @@ def test_send_c2d_message_reaches_the_device_sdk(sdk_hub, websockets):
 def test_a_send_to_the_receiving_sdk_device_is_locked_on_send_and_completed_by_its_puback(sdk_hub):
     """Issue 19: with the device SDK connected and receiving and its queue empty, the service
     SDK's send locks the message for the device in the send's own commit (the hub's counter
-    says so); the SDK's PUBACK completes it like any other."""
+    says so; in a cluster also when the device is on another node than the send); the SDK's
+    PUBACK completes it like any other."""
     hub = sdk_hub
-    device_id = "amqp-locked-on-send"
-    hub.create_device(device_id)
-    inbox = Inbox()
-    device = receiving_device(hub, device_id, inbox)
-    try:
-        # The SDK subscribes in the background: a first message proves the subscription.
-        assert send_all(hub, [(device_id, "warm-up", None)]) == [None]
-        inbox.wait(1)
-        wait_depth(hub, device_id, 0)
-        before = hub.metric("ferrohub_c2d_locked_on_send_total")
-        for n in range(3):
-            assert send_all(hub, [(device_id, f"m{n}", {"messageId": f"m{n}"})]) == [None]
-            inbox.wait(2 + n)
+    # In a cluster, one device on each node: the service's link is on one of them, so at least
+    # two receive from a node the send was not made on.
+    nodes = ["hub1", "hub2", "hub3"] if hasattr(hub, "device_connection_string_via") else [None]
+    for node in nodes:
+        device_id = f"amqp-locked-on-send-{node or 'single'}"
+        hub.create_device(device_id)
+        inbox = Inbox()
+        if node is not None:
+            hub.wait_node_has_device(node, device_id)
+        cs = hub.device_connection_string_via(node, device_id) if node else None
+        device = receiving_device(hub, device_id, inbox, connection_string=cs)
+        try:
+            # The SDK subscribes in the background: a first message proves the subscription.
+            assert send_all(hub, [(device_id, "warm-up", None)]) == [None]
+            inbox.wait(1)
             wait_depth(hub, device_id, 0)
-        assert hub.metric("ferrohub_c2d_locked_on_send_total") - before == 3
-    finally:
-        device.shutdown()
-    assert [m.data for m in inbox.messages] == [b"warm-up", b"m0", b"m1", b"m2"]
+            before = hub.metric("ferrohub_c2d_locked_on_send_total")
+            for n in range(3):
+                assert send_all(hub, [(device_id, f"m{n}", {"messageId": f"m{n}"})]) == [None]
+                inbox.wait(2 + n)
+                wait_depth(hub, device_id, 0)
+            assert hub.metric("ferrohub_c2d_locked_on_send_total") - before == 3, node
+        finally:
+            device.shutdown()
+        assert [m.data for m in inbox.messages] == [b"warm-up", b"m0", b"m1", b"m2"]
 
 
 def wait_depth(hub, device_id, depth, timeout=WAIT):

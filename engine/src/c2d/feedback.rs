@@ -66,7 +66,7 @@ pub struct FeedbackRecord {
 }
 
 /// A locked feedback message: a batch of records.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FeedbackMessage {
     pub lock_token: String,
     pub sequence: u64,

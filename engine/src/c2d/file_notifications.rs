@@ -30,7 +30,7 @@ pub struct FileNotification {
 }
 
 /// A locked notification.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LockedFileNotification {
     pub lock_token: String,
     pub enqueued: UnixMillis,

@@ -136,7 +136,7 @@ pub(crate) struct DeviceContent {
 }
 
 /// A message locked for a receiver.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Delivered {
     pub sequence: u64,
     pub lock_token: String,
@@ -149,7 +149,7 @@ pub struct Delivered {
 }
 
 /// How a send was queued.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Sent {
     pub sequence: u64,
     pub enqueued: UnixMillis,
@@ -159,7 +159,7 @@ pub struct Sent {
 }
 
 /// What a settle (abandon) did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Settled {
     /// Completed or rejected: the message left the queue.
     Removed,
@@ -170,7 +170,7 @@ pub enum Settled {
 }
 
 /// C2D failures; each maps to one IoT Hub error.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum C2dError {
     #[error("device {0} not registered")]
     DeviceNotFound(String),
@@ -185,7 +185,7 @@ pub enum C2dError {
 }
 
 /// Which settle a receiver asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Settle {
     Complete,
     Reject,

@@ -33,6 +33,7 @@ use pack::PackWriter;
 use segments::Segments;
 
 mod encode;
+mod follow;
 mod groups;
 mod heads;
 mod pack;
@@ -47,7 +48,7 @@ pub const DEFAULT_CONSUMER_GROUP: &str = "$Default";
 pub const MAX_CONSUMER_GROUPS: usize = 20;
 
 /// D2C failures.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum D2cError {
     #[error("partition {0} does not exist")]
     NoSuchPartition(u16),
@@ -107,7 +108,7 @@ struct D2cEventRef<'a> {
 pub type SystemProperty = (Cow<'static, str>, Cow<'static, str>);
 
 /// An event to append; the engine assigns partition, sequence number, offset and time.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct NewEvent {
     /// Chooses the partition within each endpoint.
     pub device_id: String,
@@ -116,6 +117,7 @@ pub struct NewEvent {
     pub endpoints: Option<Vec<EndpointSlot>>,
     pub system_properties: Vec<SystemProperty>,
     pub application_properties: Vec<(String, String)>,
+    #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
 }
 
@@ -133,7 +135,7 @@ impl NewEvent {
 }
 
 /// Where an appended event went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Appended {
     pub partition: u16,
     pub sequence_number: u64,
@@ -232,7 +234,8 @@ pub struct WouldWait<F> {
 /// In-memory partition heads (all [`MAX_PARTITIONS`], loaded at open) and the endpoints.
 pub(crate) struct Partitions {
     heads: Vec<Mutex<PartitionHead>>,
-    builtin: u16,
+    /// Fixed when the hub is created; a follower's store learns it from the log.
+    builtin: std::sync::atomic::AtomicU16,
     pub(crate) custom: parking_lot::RwLock<Vec<Endpoint>>,
     segments: Segments,
 }
@@ -260,7 +263,7 @@ impl Partitions {
         }
         Ok(Partitions {
             heads: recovered,
-            builtin,
+            builtin: builtin.into(),
             custom: parking_lot::RwLock::new(custom),
             segments,
         })
@@ -268,20 +271,24 @@ impl Partitions {
 
     /// The built-in endpoint's partition count.
     pub(crate) fn count(&self) -> u16 {
-        self.builtin
+        self.builtin.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn set_count(&self, n: u16) {
+        self.builtin.store(n, std::sync::atomic::Ordering::Release);
     }
 
     pub(crate) fn builtin_slot(&self) -> EndpointSlot {
         EndpointSlot {
             base: 0,
-            partitions: self.builtin,
+            partitions: self.count(),
             id: 0,
         }
     }
 
     /// Every partition of every endpoint.
     fn all(&self) -> Vec<u16> {
-        let mut out: Vec<u16> = (0..self.builtin).collect();
+        let mut out: Vec<u16> = (0..self.count()).collect();
         for e in self.custom.read().iter() {
             out.extend(e.slot.base..e.slot.base + e.slot.partitions);
         }

@@ -128,7 +128,7 @@ pub(super) fn last_event(key: &[u8], bytes: &[u8]) -> Result<(D2cEvent, usize), 
 
 fn corrupt(key: &[u8], reason: String) -> StorageError {
     StorageError::Corruption {
-        cf: cf::D2C_LOG,
+        cf: cf::D2C_LOG.into(),
         key: KeyDisplay(key.to_vec()),
         reason,
     }

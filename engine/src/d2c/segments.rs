@@ -217,6 +217,12 @@ impl Segments {
         gone
     }
 
+    /// Records an index entry written elsewhere (a cluster follower applying the log).
+    pub(crate) fn record(&self, entry: (u16, u64), segment: u32) {
+        self.index.write().insert(entry, segment);
+        self.current.fetch_max(segment, Ordering::AcqRel);
+    }
+
     pub(crate) fn forget(&self, gone: &[(u16, u64)]) {
         let mut index = self.index.write();
         for k in gone {

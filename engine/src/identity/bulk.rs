@@ -18,7 +18,7 @@ use crate::twin::store::TwinWrite;
 use crate::Store;
 
 /// What a bulk item asks for (the `importMode` of IoT Hub).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ImportMode {
     Create,
     Update,
@@ -30,7 +30,7 @@ pub enum ImportMode {
 }
 
 /// One item of a bulk registry request.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BulkItem {
     pub device_id: String,
     pub module_id: Option<String>,
@@ -43,7 +43,7 @@ pub struct BulkItem {
 }
 
 /// Why one bulk item was not applied.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct BulkItemError {
     pub device_id: String,
     pub module_id: Option<String>,

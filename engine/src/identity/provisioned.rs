@@ -24,7 +24,7 @@ use crate::twin::store::TwinWrite;
 use crate::Store;
 
 /// A registration the server attested, to be assigned.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Assignment {
     pub enrollment_kind: EnrollmentKind,
     pub enrollment_id: String,

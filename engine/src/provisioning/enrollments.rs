@@ -23,14 +23,14 @@ use crate::Store;
 pub(crate) struct EnrollmentLock(pub(crate) Mutex<()>);
 
 /// How the caller asks an enrollment to attest: symmetric keys may be left out (generated).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AttestationSpec {
     SymmetricKey(KeysSpec),
     X509(X509Attestation),
 }
 
 /// What a caller may set on an enrollment; the hub sets times and the etag.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EnrollmentWrite {
     pub kind: EnrollmentKind,
     pub id: String,
@@ -52,7 +52,7 @@ pub struct EnrollmentPage {
 }
 
 /// A bulk operation's mode (DPS's `mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum BulkMode {
     Create,
     Update,
@@ -61,7 +61,7 @@ pub enum BulkMode {
 }
 
 /// Why one item of a bulk operation was not applied.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct BulkEnrollmentError {
     pub id: String,
     pub error: ProvisioningError,

@@ -233,7 +233,7 @@ pub struct RegistrationRecord {
     pub etag: String,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ProvisioningError {
     #[error("enrollment {0} not found")]
     EnrollmentNotFound(String),

@@ -110,6 +110,8 @@ struct Shared {
     writes: AtomicU64,
     syncs: AtomicU64,
     poisoned: AtomicBool,
+    /// The sequence the commit log gave the last group appended (cluster mode).
+    last_logged: AtomicU64,
     /// Fault injection: the next write fails as a failed WAL write would (tests only).
     fail_next: AtomicBool,
     /// Live [`CommitHold`]s; the thread writes only while this is 0.
@@ -300,6 +302,15 @@ impl Committer {
 
     pub(crate) fn fail_next_write(&self) {
         self.shared.fail_next.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn last_logged(&self) -> u64 {
+        self.shared.last_logged.load(Ordering::Acquire)
+    }
+
+    /// Where the log stood when this writer opened (what its database had applied).
+    pub(crate) fn logged_from(&self, seq: u64) {
+        self.shared.last_logged.fetch_max(seq, Ordering::AcqRel);
     }
 
     pub(crate) fn stats(&self) -> CommitStats {
@@ -505,6 +516,7 @@ fn write_group(
             tracing::error!(error = %e, "commit log append failed; refusing further writes");
             StorageError::WriteFailed(e.to_string())
         })?;
+        shared.last_logged.store(seq, Ordering::Release);
         let Some(meta) = db.cf_handle(ferrohub_migrations::cf::META) else {
             return Err(StorageError::Backend(
                 "column family meta is missing".into(),

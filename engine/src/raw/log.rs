@@ -80,6 +80,12 @@ pub(crate) fn entry_header(bytes: usize) -> Vec<u8> {
     out
 }
 
+/// An entry of no operations: a new writer's first append, which claims the log's next
+/// sequence (so a deposed writer's later append is fenced) and changes nothing when applied.
+pub fn empty_entry() -> Vec<u8> {
+    entry_header(0)
+}
+
 fn corrupt(what: &str) -> StorageError {
     StorageError::Backend(format!("malformed commit log entry: {what}"))
 }
@@ -101,8 +107,35 @@ fn take_bytes<'a>(entry: &'a [u8], at: &mut usize) -> Result<&'a [u8], StorageEr
     take(entry, at, len)
 }
 
-/// Adds an entry's operations to `wb`, resolving column families in this database.
-fn decode_into(raw: &Raw, entry: &[u8], wb: &mut WriteBatch) -> Result<(), StorageError> {
+/// What an applied entry changed that a follower's in-memory state follows: the keys it wrote
+/// in `d2c_log` (events), `d2c_state` (heads, segment index, endpoints) and `meta`.
+#[derive(Debug, Default)]
+pub(crate) struct Touched {
+    pub(crate) d2c_events: Vec<Vec<u8>>,
+    pub(crate) d2c_state: Vec<Vec<u8>>,
+    pub(crate) meta: Vec<Vec<u8>>,
+}
+
+impl Touched {
+    fn note(&mut self, cf_name: &str, kind: u8, key: &[u8]) {
+        let list = match cf_name {
+            cf::D2C_LOG if kind == PUT => &mut self.d2c_events,
+            cf::D2C_STATE => &mut self.d2c_state,
+            cf::META => &mut self.meta,
+            _ => return,
+        };
+        list.push(key.to_vec());
+    }
+}
+
+/// Adds an entry's operations to `wb`, resolving column families in this database, and
+/// notes what it touched.
+fn decode_into(
+    raw: &Raw,
+    entry: &[u8],
+    wb: &mut WriteBatch,
+    touched: &mut Touched,
+) -> Result<(), StorageError> {
     if entry.first() != Some(&FORMAT) {
         return Err(corrupt("unknown format (written by a newer ferrohub?)"));
     }
@@ -119,6 +152,7 @@ fn decode_into(raw: &Raw, entry: &[u8], wb: &mut WriteBatch) -> Result<(), Stora
         let handle = raw.handle(name)?;
         let a = take_bytes(entry, &mut at)?;
         let b = take_bytes(entry, &mut at)?;
+        touched.note(name, kind, a);
         match kind {
             PUT => wb.put_cf(handle, a, b),
             DELETE => wb.delete_cf(handle, a),
@@ -203,15 +237,19 @@ impl Raw {
     }
 
     /// Applies the log entry `seq`: its operations and the new applied sequence in one write.
-    /// Returns false (and writes nothing) for an entry already applied. Not synced: the log
+    /// Returns what it touched, or `None` (and writes nothing) for an entry already applied. Not synced: the log
     /// holds the entry, and a replica that loses its tail in a power loss applies it again.
     ///
     /// # Errors
     /// A gap before `seq`, a malformed entry, or RocksDB's failure.
-    pub(crate) fn apply_log_entry(&self, seq: u64, entry: &[u8]) -> Result<bool, StorageError> {
+    pub(crate) fn apply_log_entry(
+        &self,
+        seq: u64,
+        entry: &[u8],
+    ) -> Result<Option<Touched>, StorageError> {
         let applied = self.applied_log_sequence()?;
         if seq <= applied {
-            return Ok(false);
+            return Ok(None);
         }
         if seq != applied + 1 {
             return Err(StorageError::Backend(format!(
@@ -221,11 +259,12 @@ impl Raw {
             )));
         }
         let mut wb = WriteBatch::with_capacity_bytes(entry.len() + 64);
-        decode_into(self, entry, &mut wb)?;
+        let mut touched = Touched::default();
+        decode_into(self, entry, &mut wb, &mut touched)?;
         wb.put_cf(self.handle(cf::META)?, APPLIED_KEY, record::encode(&seq));
         self.db
             .write_opt(wb, &WriteOptions::default())
             .map_err(super::backend)?;
-        Ok(true)
+        Ok(Some(touched))
     }
 }

@@ -3,7 +3,7 @@
 use ferrohub_migrations::{cf, record, MigrationError, SchemaTarget, Visitor, VERSION_KEY};
 use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
 
-use super::cf_options;
+use super::column_families::cf_options;
 use crate::error::StorageError;
 
 /// Reads the schema version; 0 for a database that has never been initialised.
@@ -17,7 +17,7 @@ pub(super) fn read_version(db: &DB) -> Result<u32, StorageError> {
     {
         None => Ok(0),
         Some(bytes) => record::decode::<u32>(&bytes).map_err(|e| StorageError::Corruption {
-            cf: cf::META,
+            cf: cf::META.into(),
             key: crate::error::KeyDisplay(VERSION_KEY.to_vec()),
             reason: e.to_string(),
         }),

@@ -11,17 +11,20 @@
 //! - Every read and every queueing honours this thread's [`no_wait`] mode: memory-only reads,
 //!   no synchronous commit, no wait for room in the commit queue.
 
+mod column_families;
 mod commit;
 mod inflight;
 mod log;
 mod migrate;
 pub(crate) mod no_wait;
+mod open;
 
 use std::path::Path;
 use std::sync::Arc;
 
+use column_families::cf_options;
 use ferrohub_migrations::{cf, m0002_registry_counters::DeviceCounters, record};
-use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, MergeOperands, Options, DB};
+use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, DB};
 use serde::de::DeserializeOwned;
 
 pub use commit::CommitCallback;
@@ -30,7 +33,8 @@ use commit::Committer;
 pub(crate) use commit::Ticket;
 pub(crate) use commit::MAX_LOG_ENTRY_BYTES;
 pub use commit::{CommitHold, DEFAULT_QUEUE_DEPTH, LAG_NAP, LAG_SYNC_WITHIN};
-pub use log::{CommitLog, LogError};
+pub(crate) use log::Touched;
+pub use log::{empty_entry as empty_log_entry, CommitLog, LogError};
 
 use crate::error::{KeyDisplay, OpenError, StorageError};
 
@@ -199,8 +203,10 @@ impl Batch {
 /// The database handle shared by all domain modules.
 pub(crate) struct Raw {
     db: Arc<DB>,
-    /// `None` for a read-only handle.
+    /// `None` for a read-only handle and a cluster follower's.
     committer: Option<Committer>,
+    /// What a write is refused with when there is no committer.
+    no_committer: StorageError,
     /// Adds derived writes (the twin index) to every batch of `commit` and `submit`.
     hook: std::sync::OnceLock<Box<dyn BatchHook>>,
     /// Twin writes staged by [`Raw::stage_pipelined`] and not yet durable.
@@ -231,44 +237,6 @@ pub(crate) trait BatchHook: Send + Sync {
     fn stage(&self, raw: &Raw, batch: &mut Batch) -> Result<(), StorageError>;
 }
 
-/// Uncompressed size of a `d2c_log` table block (see [`cf_options`]).
-const D2C_LOG_BLOCK_BYTES: usize = 64 << 10;
-
-/// Column families the engine knows, each with its options.
-fn cf_options(name: &str) -> Options {
-    let mut opts = Options::default();
-    if name == cf::COUNTERS {
-        opts.set_merge_operator_associative("ferrohub_add_counters", add_counters);
-    }
-    if name == cf::D2C_LOG {
-        // A read of events seeks once and then takes consecutive keys, so blocks sixteen
-        // times RocksDB's default cost a seek one larger decompression and nothing per
-        // event, while a memtable flush (every few hundred milliseconds under a telemetry
-        // flood) pays a compression call, a checksum and an index entry per 64 KiB instead
-        // of per 4 KiB; the table indexes of retained events shrink the same way.
-        let mut table = rocksdb::BlockBasedOptions::default();
-        table.set_block_size(D2C_LOG_BLOCK_BYTES);
-        opts.set_block_based_table_factory(&table);
-    }
-    opts
-}
-
-/// Merge operator for [`DeviceCounters`]: sums framed operands. Returns `None` (RocksDB then
-/// reports corruption on read) if any operand fails its checksum.
-fn add_counters(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
-    let mut sum: DeviceCounters = match existing {
-        Some(v) => record::decode(v).ok()?,
-        None => DeviceCounters::default(),
-    };
-    for op in operands {
-        let d: DeviceCounters = record::decode(op).ok()?;
-        sum.total += d.total;
-        sum.enabled += d.enabled;
-        sum.disabled += d.disabled;
-    }
-    Some(record::encode(&sum))
-}
-
 fn backend(e: rocksdb::Error) -> StorageError {
     StorageError::Backend(e.into_string())
 }
@@ -282,64 +250,34 @@ impl Raw {
         target_version: u32,
         log: Option<Arc<dyn CommitLog>>,
     ) -> Result<Raw, OpenError> {
-        std::fs::create_dir_all(path).map_err(|e| OpenError::Directory {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        let mut db_opts = Options::default();
-        db_opts.create_if_missing(true);
-        db_opts.create_missing_column_families(true);
-        // Group commit gives durability; RocksDB's own per-write sync stays per call.
-        db_opts.set_max_total_wal_size(256 << 20);
-        // Overwrite obsolete WAL files instead of growing new ones. On ext4 a sync that extends
-        // a file (or fills preallocated space) also writes the inode: measured here, appending
-        // syncs took 0.18 ms at the median and 0.73 ms at p99, overwriting ones 0.12 and 0.18.
-        // Each record carries its log number, so a recycled file's stale tail is not replayed;
-        // RocksDB recycles only files written by the running process, and only once no
-        // memtable holds data from them: a D2C segment switch also flushes small memtables
-        // (see `commit::switch_memtable`), so under telemetry the files free up one by one.
-        db_opts.set_recycle_log_file_num(2);
-        // Table files written by flushes and compactions go to disk 32 KiB at a time instead
-        // of in one burst at their end: a 32 MiB segment flushed in one go queued the WAL
-        // syncs behind it. Small steps, because on a virtual disk a WAL sync's cache flush
-        // also writes out whatever table data went down before it: with a megabyte per step
-        // one WAL sync in several paid for a whole megabyte while a segment flushed, and those
-        // syncs made the PUBACK tail at 10k msg/s (docs/performance.md, seventeenth pass).
-        db_opts.set_bytes_per_sync(32 << 10);
-        // Compaction runs in bursts of whole seconds of CPU. On a small machine they preempt
-        // the commit thread and the connections, and a PUBACK waits milliseconds behind them.
-        // At the lowest CPU priority they take only what the foreground leaves; if they fall
-        // behind, RocksDB's own write slowdown gives them room.
-        let mut env = rocksdb::Env::new().map_err(|e| OpenError::Storage(backend(e)))?;
-        env.lower_thread_pool_cpu_priority();
-        db_opts.set_env(&env);
-        let existing = DB::list_cf(&db_opts, path).unwrap_or_else(|_| vec!["default".to_string()]);
-        let descriptors: Vec<_> = existing
-            .iter()
-            .map(|name| ColumnFamilyDescriptor::new(name, cf_options(name)))
-            .collect();
-        let mut db = DB::open_cf_descriptors(&db_opts, path, descriptors).map_err(|e| {
-            // RocksDB's LOCK file: another process (a running hub) has the database open.
-            let text = e.into_string();
-            if text.contains("lock") || text.contains("LOCK") {
-                OpenError::InUse {
-                    path: path.display().to_string(),
-                    reason: text,
-                }
-            } else {
-                OpenError::Storage(StorageError::Backend(text))
-            }
-        })?;
-        let current = migrate::read_version(&db)?;
-        let mut target = migrate::Target::new(&mut db);
-        ferrohub_migrations::migrate(&mut target, current, target_version, &mut |v, name| {
-            tracing::info!(version = v, name, "applying storage migration");
-        })?;
-        let db = Arc::new(db);
+        let db = Arc::new(open::open_db(path, target_version)?);
+        let logged = log.is_some();
         let committer = Committer::start(Arc::clone(&db), durability, commit_queue_depth, log);
-        Ok(Raw {
+        let raw = Raw {
             db,
             committer: Some(committer),
+            no_committer: StorageError::ReadOnly,
+            hook: std::sync::OnceLock::new(),
+            inflight: Default::default(),
+        };
+        if logged {
+            let applied = raw.applied_log_sequence()?;
+            if let Some(c) = &raw.committer {
+                c.logged_from(applied);
+            }
+        }
+        Ok(raw)
+    }
+
+    /// Opens (creating if needed) a cluster follower's database at the current schema
+    /// version: it takes log entries ([`Raw::apply_log_entry`]) and serves reads, and every
+    /// commit is refused with [`StorageError::NotWriter`].
+    pub(crate) fn open_follower(path: &Path) -> Result<Raw, OpenError> {
+        let db = open::open_db(path, ferrohub_migrations::LATEST_VERSION)?;
+        Ok(Raw {
+            db: Arc::new(db),
+            committer: None,
+            no_committer: StorageError::NotWriter,
             hook: std::sync::OnceLock::new(),
             inflight: Default::default(),
         })
@@ -377,6 +315,7 @@ impl Raw {
         Ok(Raw {
             db: Arc::new(db),
             committer: None,
+            no_committer: StorageError::ReadOnly,
             inflight: Default::default(),
             hook: std::sync::OnceLock::new(),
         })
@@ -483,7 +422,7 @@ impl Raw {
         self.run_hook(&mut batch)?;
         self.committer
             .as_ref()
-            .ok_or(StorageError::ReadOnly)?
+            .ok_or_else(|| self.no_committer.clone())?
             .commit(batch)
     }
 
@@ -495,7 +434,7 @@ impl Raw {
         self.run_hook(&mut batch)?;
         self.committer
             .as_ref()
-            .ok_or(StorageError::ReadOnly)?
+            .ok_or_else(|| self.no_committer.clone())?
             .submit(batch)
     }
 
@@ -533,7 +472,10 @@ impl Raw {
         batch: Batch,
         done: CommitCallback,
     ) -> Result<(), StorageError> {
-        let committer = self.committer.as_ref().ok_or(StorageError::ReadOnly)?;
+        let committer = self
+            .committer
+            .as_ref()
+            .ok_or_else(|| self.no_committer.clone())?;
         if !no_wait::active() {
             return committer.submit_with(batch, done);
         }
@@ -551,7 +493,7 @@ impl Raw {
     /// the read to the queueing: they, not a global lock, order the writes of one twin.
     pub(crate) fn stage_pipelined(&self, mut batch: Batch) -> Result<Pipelined, StorageError> {
         if self.committer.is_none() {
-            return Err(StorageError::ReadOnly);
+            return Err(self.no_committer.clone());
         }
         self.run_hook(&mut batch)?;
         let release = self.inflight.track(&batch);
@@ -591,7 +533,7 @@ impl Raw {
         }
         self.committer
             .as_ref()
-            .ok_or(StorageError::ReadOnly)?
+            .ok_or_else(|| self.no_committer.clone())?
             .submit(batch)
     }
 
@@ -603,7 +545,7 @@ impl Raw {
     ) -> Result<bool, StorageError> {
         self.committer
             .as_ref()
-            .ok_or(StorageError::ReadOnly)?
+            .ok_or_else(|| self.no_committer.clone())?
             .try_submit_with(batch, done)
     }
 
@@ -691,6 +633,11 @@ impl Raw {
     }
 
     /// Whether a failed durable write stopped the committer (see `commit`).
+    /// See `Store::last_logged_sequence`.
+    pub(crate) fn last_logged_sequence(&self) -> u64 {
+        self.committer.as_ref().map_or(0, Committer::last_logged)
+    }
+
     pub(crate) fn is_poisoned(&self) -> bool {
         self.committer.as_ref().is_some_and(Committer::is_poisoned)
     }
@@ -754,7 +701,7 @@ impl Raw {
         }
         if e.kind() == rocksdb::ErrorKind::Corruption {
             StorageError::Corruption {
-                cf,
+                cf: cf.into(),
                 key: KeyDisplay(key.to_vec()),
                 reason: e.into_string(),
             }
@@ -772,7 +719,7 @@ fn decode_checked<T: DeserializeOwned>(
     record::decode(bytes).map_err(|e| {
         tracing::error!(cf, key = %KeyDisplay(key.to_vec()), error = %e, "corrupt record");
         StorageError::Corruption {
-            cf,
+            cf: cf.into(),
             key: KeyDisplay(key.to_vec()),
             reason: e.to_string(),
         }

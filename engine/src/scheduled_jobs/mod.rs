@@ -126,7 +126,7 @@ pub struct DeviceJobRow {
     pub error: Option<(String, String)>,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ScheduledJobError {
     #[error("a job with id {0} already exists")]
     AlreadyExists(String),

@@ -58,7 +58,7 @@ impl TwinRecord {
 }
 
 /// A twin with the identity it belongs to.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Twin {
     pub identity: Identity,
     pub record: TwinRecord,

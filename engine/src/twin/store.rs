@@ -28,14 +28,14 @@ use crate::raw::Batch;
 use crate::Store;
 
 /// What a service-side write asks for: `None` leaves a part alone.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct TwinWrite {
     pub tags: Option<Map<String, Value>>,
     pub desired: Option<Map<String, Value>>,
 }
 
 /// The result of a write, with what changed in desired (for notifications).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TwinOutcome {
     pub twin: Twin,
     /// The desired change as the service sent it, with the new desired version; `None` when

@@ -50,6 +50,10 @@ pub struct IndexDefinition {
     format: u32,
     /// Declared `properties.desired.…` / `properties.reported.…` paths, sorted.
     declared: Vec<String>,
+    /// A cluster follower's view while the writer rebuilds the index (its stored definition
+    /// deleted): no path has usable entries, so queries scan.
+    #[serde(skip)]
+    suspended: bool,
 }
 
 impl IndexDefinition {
@@ -59,11 +63,15 @@ impl IndexDefinition {
         IndexDefinition {
             format: FORMAT,
             declared,
+            suspended: false,
         }
     }
 
     /// Whether `path` (dotted) has entries.
     pub fn covers(&self, path: &str) -> bool {
+        if self.suspended {
+            return false;
+        }
         path == "status"
             || path == "connectionState"
             || path.starts_with("tags.")
@@ -426,6 +434,33 @@ impl Store {
             let _ = self.twin_index.set(hook);
         }
         Ok(())
+    }
+
+    /// A cluster follower's index: the definition the log wrote, read again whenever an
+    /// applied entry touches it, and never a hook (a follower writes nothing of its own).
+    pub(crate) fn follow_twin_index(&self) -> Result<(), StorageError> {
+        let stored: Option<IndexDefinition> = self.raw.get_record(cf::META, DEFINITION_KEY)?;
+        let def = match stored {
+            Some(d) if d.format == FORMAT => d,
+            _ => IndexDefinition {
+                suspended: true,
+                ..IndexDefinition::new(Vec::new())
+            },
+        };
+        match self.twin_index.get() {
+            Some(hook) => *hook.definition.write() = def,
+            None => {
+                let _ = self.twin_index.set(Arc::new(Hook {
+                    definition: RwLock::new(def),
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `key` of `meta` is where the index definition is stored.
+    pub(crate) fn is_twin_index_definition_key(key: &[u8]) -> bool {
+        key == DEFINITION_KEY
     }
 
     /// Makes `declared` (`properties.desired.…` / `properties.reported.…` paths) the indexed

@@ -77,15 +77,14 @@ pub async fn serve(mut link: Sender, ctx: HubContext, claims: Claims) {
 /// one message and settled by the client's outcome, like feedback. A hub without file upload
 /// configured has nothing to send; the link stays attached until the client detaches it.
 pub async fn serve_file_notifications(mut link: Sender, ctx: HubContext, claims: Claims) {
-    let Some(uploads) = ctx.uploads.clone() else {
+    if ctx.uploads.is_none() {
         if let Err(reason) = claims.check(Permission::ServiceConnect, ctx.auth.now_secs()) {
             let _ = link.close_with_error(errors::unauthorized(&reason)).await;
             return;
         }
         let _ = link.on_detach().await;
         return;
-    };
-    let settings = uploads.notification_settings;
+    }
     loop {
         if let Err(reason) = claims.check(Permission::ServiceConnect, ctx.auth.now_secs()) {
             let _ = link.close_with_error(errors::unauthorized(&reason)).await;
@@ -93,8 +92,7 @@ pub async fn serve_file_notifications(mut link: Sender, ctx: HubContext, claims:
         }
         let now = ctx.clock.now();
         let next = ctx
-            .store
-            .run(move |s| s.receive_file_notification(now, &settings))
+            .write(crate::hub::calls::ReceiveFileNotification { now })
             .await;
         let locked = match next {
             Ok(Some(n)) => n,
@@ -124,12 +122,12 @@ pub async fn serve_file_notifications(mut link: Sender, ctx: HubContext, claims:
                 (Settle::Abandon, false)
             }
         };
-        let (token, at) = (locked.lock_token.clone(), ctx.clock.now());
-        if let Err(e) = ctx
-            .store
-            .run(move |s| s.settle_file_notification(&token, action, at))
-            .await
-        {
+        let call = crate::hub::calls::SettleFileNotification {
+            lock_token: locked.lock_token.clone(),
+            action,
+            now: ctx.clock.now(),
+        };
+        if let Err(e) = ctx.write(call).await {
             tracing::debug!(error = %e, ?action, "file notification settle refused");
         }
         if !link_ok {

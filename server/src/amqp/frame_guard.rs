@@ -45,6 +45,10 @@ use super::value_check::{
 /// The smallest legal frame: size, data offset, type and channel.
 const FRAME_HEADER: usize = 8;
 
+/// Room in the reader's buffer from which a read goes straight into it (below it, through
+/// the guard's own buffer: many small reads cost more than one copy).
+const IN_PLACE_FROM: usize = 1024;
+
 /// The descriptor of a transfer performative, whose payload follows it in the frame.
 const TRANSFER: u8 = 0x14;
 
@@ -100,11 +104,20 @@ impl FrameCheck {
     /// # Errors
     /// The first [`FramingError`]; once failed, every call returns it again.
     pub fn feed(&mut self, bytes: &[u8], released: &mut Vec<u8>) -> Result<(), FramingError> {
+        if self.holds_nothing() {
+            let (n, result) = self.feed_in_place(bytes);
+            released.extend_from_slice(&bytes[..n]);
+            return result;
+        }
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
         self.pending.extend_from_slice(bytes);
-        let result = self.release(released);
+        let pending = std::mem::take(&mut self.pending);
+        let (n, result) = self.release(&pending);
+        released.extend_from_slice(&pending[..n]);
+        self.pending = pending;
+        self.pending.drain(..n);
         if let Err(e) = &result {
             self.failed = Some(e.clone());
             self.pending = Vec::new();
@@ -112,11 +125,35 @@ impl FrameCheck {
         result
     }
 
-    fn release(&mut self, released: &mut Vec<u8>) -> Result<(), FramingError> {
-        let pending = std::mem::take(&mut self.pending);
+    /// Whether no bytes are held back: the next ones start a protocol header or a frame.
+    pub fn holds_nothing(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// As [`FrameCheck::feed`] when [`FrameCheck::holds_nothing`], without copying what is
+    /// released: the leading bytes of `bytes` it returns the count of are released, and the
+    /// rest is held back. A caller that read into its reader's buffer leaves them there.
+    ///
+    /// # Errors
+    /// As [`FrameCheck::feed`]; the count still says what was released before the error.
+    pub fn feed_in_place(&mut self, bytes: &[u8]) -> (usize, Result<(), FramingError>) {
+        debug_assert!(self.holds_nothing());
+        if let Some(e) = &self.failed {
+            return (0, Err(e.clone()));
+        }
+        let (n, result) = self.release(bytes);
+        match &result {
+            Ok(()) => self.pending.extend_from_slice(&bytes[n..]),
+            Err(e) => self.failed = Some(e.clone()),
+        }
+        (n, result)
+    }
+
+    /// How many leading bytes of `bytes` are whole, checked protocol headers and frames.
+    fn release(&mut self, bytes: &[u8]) -> (usize, Result<(), FramingError>) {
         let mut start = 0;
         let result = loop {
-            let rest = &pending[start..];
+            let rest = &bytes[start..];
             let Some(&first) = rest.first() else {
                 break Ok(());
             };
@@ -136,12 +173,9 @@ impl FrameCheck {
                 }
             }
             self.expect_header = false;
-            released.extend_from_slice(&rest[..n]);
             start += n;
         };
-        self.pending = pending;
-        self.pending.drain(..start);
-        result
+        (start, result)
     }
 
     /// The length of the frame `rest` starts with once it is all there, checking its header
@@ -289,6 +323,25 @@ impl<Io: AsyncRead + Unpin> AsyncRead for FrameGuard<Io> {
             this.ready_at = 0;
             if let Some(e) = &this.error {
                 return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e.clone())));
+            }
+            if this.check.holds_nothing() && buf.remaining() >= IN_PLACE_FROM {
+                // Read straight into the decoder's buffer and keep there what is released:
+                // the common case, a read that ends at a frame's end, copies nothing.
+                let start = buf.filled().len();
+                std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+                let end = buf.filled().len();
+                if end == start {
+                    return Poll::Ready(Ok(())); // End of stream.
+                }
+                let (n, result) = this.check.feed_in_place(&buf.filled()[start..end]);
+                buf.set_filled(start + n);
+                if let Err(e) = result {
+                    this.error = Some(e);
+                }
+                if n > 0 {
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
             }
             let mut read = ReadBuf::new(&mut this.scratch);
             std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;

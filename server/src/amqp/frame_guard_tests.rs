@@ -242,3 +242,71 @@ async fn bytes_released_before_an_error_are_read_first() {
     let err = guard.read(&mut [0u8; 64]).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
 }
+
+/// A reader handing out `stream` in pieces of `piece` bytes, one per read.
+struct Pieces {
+    stream: Vec<u8>,
+    at: usize,
+    piece: usize,
+}
+
+impl AsyncRead for Pieces {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let n = self
+            .piece
+            .min(self.stream.len() - self.at)
+            .min(buf.remaining());
+        let at = self.at;
+        buf.put_slice(&self.stream[at..at + n]);
+        self.at += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn reads_into_large_and_small_buffers_release_the_same_bytes() {
+    use tokio::io::AsyncReadExt;
+    let mut transfer = performative(0x14, &[b"\x43", b"\x43", b"\xa0\x01\x01"]);
+    transfer.extend_from_slice(b"\x00\x53\x75\xa0\x03abc");
+    let transfer = frame(0, &transfer);
+    let mut stream = [PLAIN, &open()[..]].concat();
+    for _ in 0..200 {
+        stream.extend_from_slice(&transfer);
+    }
+    // Pieces that end on frame boundaries and inside frames; buffers above and below the
+    // size from which the guard reads in place.
+    for piece in [1, 7, 100, transfer.len(), 5000, 1 << 20] {
+        for read_size in [16, 1000, 4096, 65_536] {
+            let inner = Pieces {
+                stream: stream.clone(),
+                at: 0,
+                piece,
+            };
+            let mut guard = FrameGuard::new(inner, 65_536, 1 << 20);
+            let (mut out, mut buf) = (Vec::new(), vec![0u8; read_size]);
+            loop {
+                let n = guard.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                out.extend_from_slice(&buf[..n]);
+            }
+            assert_eq!(out, stream, "piece {piece}, reads of {read_size}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_large_read_gets_what_came_before_an_error_then_the_error() {
+    use tokio::io::AsyncReadExt;
+    let mut guard = FrameGuard::new(&b"GET / HTTP/1.1\r\n\r\n"[..], 65_536, 1 << 20);
+    let mut buf = [0u8; 4096];
+    let n = guard.read(&mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"GET / HT");
+    let err = guard.read(&mut buf).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+}

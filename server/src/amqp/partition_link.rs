@@ -129,8 +129,8 @@ async fn serve_link(
     let mut position = selector::start_position(request.filter.as_ref())
         .map_err(|m| plain_error(AmqpError::InvalidField, m))?;
     let mut lease = ctx
-        .readers
-        .admit(partition, &group, request.owner_level, &request.shown())
+        .admit_reader(partition, &group, request.owner_level, &request.shown())
+        .await
         .map_err(refusal_error)?;
     let mut appended = ctx
         .d2c

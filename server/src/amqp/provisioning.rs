@@ -138,7 +138,7 @@ async fn answer(
                 }
                 v.get("payload").cloned()
             };
-            ctx.provisioning.register(request(payload)).await
+            ctx.provisioning.register(&ctx, request(payload)).await
         }
         Some("iotdps-get-operationstatus") => {
             let op = application_property(message, "iotdps-operation-id").ok_or_else(|| {

@@ -5,8 +5,10 @@
 //! - Entries are applied in log order, each with its sequence in the same write (the engine's
 //!   [`ferrohub_engine::Replica`]), so a restart resumes after the last one applied.
 //! - [`follow_until_writer`] returns a lease only once the replica holds the whole log as it
-//!   stood after the lease was taken; the replica is closed by then, so the caller may open a
-//!   store on the same directory.
+//!   stood after the lease was taken; the caller closes the replica (and every handle to its
+//!   store) before it opens a writing store on the same directory.
+//! - What the replica applied is published ([`Progress`]) after each entry's write, so a
+//!   follower serving clients can wait for a forwarded write to be applied before it answers.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,9 +23,16 @@ use super::lease::{Holder, Promotion, Renewal, WriterLease};
 use super::link::LOG_STREAM;
 use super::{ClusterError, Link};
 
+/// Where a follower's applying is told: the sequence applied, and the partitions each entry
+/// added events to (so readers of them are woken).
+pub struct Progress {
+    pub applied: tokio::sync::watch::Sender<u64>,
+    pub advanced: Box<dyn Fn(&[(u16, u64)]) + Send + Sync>,
+}
+
 /// Opens the replica, waiting while an earlier handle of this process (the store of a writer
 /// that just stepped down) still holds the database.
-async fn open_replica(
+pub async fn open_replica(
     db: &Path,
     shutdown: &CancellationToken,
 ) -> Result<Option<Arc<Replica>>, ClusterError> {
@@ -93,31 +102,32 @@ async fn open_reader(link: &Link, start: u64) -> Result<pull::Ordered, ClusterEr
 /// NATS failures (the caller follows again after a pause) and replica failures.
 pub async fn follow_until_writer(
     link: &Link,
-    db: &Path,
+    replica: &Arc<Replica>,
     me: &Holder,
+    progress: &Progress,
     shutdown: &CancellationToken,
 ) -> Result<Option<Promotion>, ClusterError> {
-    let Some(replica) = open_replica(db, shutdown).await? else {
-        return Ok(None);
-    };
     let replica_err = |e: ferrohub_engine::StorageError| ClusterError::Replica(e.to_string());
     if replica.holds_a_hub_outside_the_log().map_err(replica_err)? {
         // Only a new cluster's empty log takes it (see `seed`).
-        return super::seed::seed_new_cluster(link, replica, me, shutdown).await;
+        return super::seed::seed_new_cluster(link, Arc::clone(replica), me, shutdown).await;
     }
     let mut applied = replica.applied_sequence().map_err(replica_err)?;
+    progress.applied.send_replace(applied);
     super::trim::check_can_follow(link, applied).await?;
     tracing::info!(node = %link.section.node, applied, "following the commit log");
-    let mut entries = open_reader(link, applied + 1).await?;
-    let mut last_entry = Instant::now();
-    let mut lease: Option<WriterLease> = None;
-    let mut target = u64::MAX;
+    let mut state = Following {
+        entries: open_reader(link, applied + 1).await?,
+        last_entry: Instant::now(),
+        lease: None,
+        target: u64::MAX,
+    };
     let mut tick = tokio::time::interval(link.section.lease / 3);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    while applied < target {
+    while applied < state.target {
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
-            entry = entries.next() => {
+            entry = state.entries.next() => {
                 let message = entry
                     .ok_or_else(|| ClusterError::Nats("the commit log reader ended".into()))?
                     .map_err(|e| ClusterError::nats("reading the commit log", e))?;
@@ -125,45 +135,92 @@ pub async fn follow_until_writer(
                     .info()
                     .map_err(|e| ClusterError::nats("a commit log entry", e))?
                     .stream_sequence;
-                replica.apply(seq, &message.payload).map_err(replica_err)?;
+                // Applying writes RocksDB: off the runtime's own work, on this worker.
+                let advanced = tokio::task::block_in_place(|| replica.apply(seq, &message.payload))
+                    .map_err(replica_err)?;
                 applied = applied.max(seq);
-                last_entry = Instant::now();
+                progress.applied.send_replace(applied);
+                if let Some(advanced) = advanced.filter(|a| !a.is_empty()) {
+                    (progress.advanced)(&advanced);
+                }
+                state.last_entry = Instant::now();
             }
             _ = tick.tick() => {
-                // An ordered consumer notices a lost server only after missing two idle
-                // heartbeats (30 s): a reader quiet while the log has more is started again.
-                if last_entry.elapsed() >= STALL && link.log_end().await? > applied {
-                    super::trim::check_can_follow(link, applied).await?;
-                    tracing::info!(applied, "the commit log reader stalled; reading again");
-                    entries = open_reader(link, applied + 1).await?;
-                    last_entry = Instant::now();
-                }
-                report_progress(link, &replica).await;
-                match lease.as_mut() {
-                None => {
-                    if let Some(taken) = WriterLease::try_acquire(link, me).await? {
-                        target = link.log_end().await?;
-                        tracing::info!(applied, log_end = target, "took the writer lease; catching up");
-                        lease = Some(taken);
-                    }
-                }
-                // Catching up may take longer than the lease: keep it.
-                Some(held) => {
-                    if held.renew().await == Renewal::Lost {
-                        tracing::warn!("lost the writer lease while catching up");
-                        lease = None;
-                        target = u64::MAX;
-                    }
-                }
+                // A stream or bucket without a leader (NATS electing one) holds a request for
+                // up to the client's timeout: a round bounded by the tick leaves this node
+                // free to take the lease on the next one, when the leader is back.
+                let round = tokio::time::timeout(
+                    link.section.lease / 3,
+                    tick_round(link, replica, me, applied, &mut state),
+                )
+                .await;
+                match round {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => tracing::debug!("a follower's round went unanswered; next tick"),
                 }
             }
         }
     }
+    let Following { entries, lease, .. } = state;
     drop(entries);
-    drop(replica);
     let lease = lease.ok_or_else(|| ClusterError::Replica("caught up without a lease".into()))?;
     Ok(Some(Promotion {
         lease,
         caught_up_to: applied,
     }))
+}
+
+/// What a follower keeps between its entries and rounds.
+struct Following {
+    entries: pull::Ordered,
+    /// When the reader last gave an entry (or was started).
+    last_entry: Instant,
+    lease: Option<WriterLease>,
+    /// The log's end when this node took the lease: it becomes the writer once it applied
+    /// that far. `u64::MAX` while it holds no lease.
+    target: u64,
+}
+
+/// One tick of a follower: restart a stalled reader, report progress, take or keep the
+/// lease.
+async fn tick_round(
+    link: &Link,
+    replica: &Arc<Replica>,
+    me: &Holder,
+    applied: u64,
+    state: &mut Following,
+) -> Result<(), ClusterError> {
+    // An ordered consumer notices a lost server only after missing two idle heartbeats
+    // (30 s): a reader quiet while the log has more is started again.
+    if state.last_entry.elapsed() >= STALL && link.log_end().await? > applied {
+        super::trim::check_can_follow(link, applied).await?;
+        tracing::info!(applied, "the commit log reader stalled; reading again");
+        state.entries = open_reader(link, applied + 1).await?;
+        state.last_entry = Instant::now();
+    }
+    report_progress(link, replica).await;
+    let (lease, target) = (&mut state.lease, &mut state.target);
+    match lease.as_mut() {
+        None => {
+            if let Some(taken) = WriterLease::try_acquire(link, me).await? {
+                *target = link.log_end().await?;
+                tracing::info!(
+                    applied,
+                    log_end = *target,
+                    "took the writer lease; catching up"
+                );
+                *lease = Some(taken);
+            }
+        }
+        // Catching up may take longer than the lease: keep it.
+        Some(held) => {
+            if held.renew().await == Renewal::Lost {
+                tracing::warn!("lost the writer lease while catching up");
+                *lease = None;
+                *target = u64::MAX;
+            }
+        }
+    }
+    Ok(())
 }

@@ -5,8 +5,11 @@
 //! - A node takes the lease only when the key is absent (expired, released) or still names
 //!   this node (a restart), with compare-and-set on the key's revision, so two takers cannot
 //!   both succeed.
-//! - The holder renews at a third of the lease time, also by revision; a renewal refused for
-//!   its revision means someone else took the lease, and the holder must stop writing at once.
+//! - The holder renews at a third of the lease time, also by revision. A renewal refused for
+//!   its revision means someone else took the lease, and the holder must stop writing at once,
+//!   only when another node's value is there: the holder's own value at a newer revision (a
+//!   renewal that landed unanswered) or an absent key (expired while the bucket had no
+//!   leader) is no loss, and the holder keeps it (see [`WriterLease::renew`]).
 //! - The value names the holder and its advertised listeners ([`Holder`]).
 //! - The lease is advisory: the log's fence, not the lease, keeps a deposed writer from
 //!   writing (see [`super::log`]).
@@ -21,8 +24,8 @@ use super::{ClusterError, Link};
 
 pub const LEASE_KEY: &str = "writer";
 
-/// The lease's value: who holds it, and where its listeners are, so followers can forward
-/// the connections they accept (see [`super::relay`]).
+/// The lease's value: who holds it, and where its listeners are (what operators and the
+/// scripts read to find the writer).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {
     pub node: String,
@@ -129,22 +132,99 @@ impl WriterLease {
         self.renewed.elapsed() >= self.ttl
     }
 
+    /// Renews the lease by revision, within a third of the lease time (a bucket without a
+    /// leader holds a request for longer; the next renewal asks again).
     pub async fn renew(&mut self) -> Renewal {
         let asked = Instant::now();
-        match self
-            .bucket
-            .update(LEASE_KEY, self.value.clone(), self.revision)
-            .await
-        {
+        let patience = self.renew_every();
+        let updated = tokio::time::timeout(
+            patience,
+            self.bucket
+                .update(LEASE_KEY, self.value.clone(), self.revision),
+        )
+        .await;
+        let renewal = match updated {
+            Ok(Ok(revision)) => Ok(revision),
+            Ok(Err(e)) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+                tokio::time::timeout(patience, self.recheck())
+                    .await
+                    .unwrap_or_else(|_| Err(Renewal::Unknown))
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot renew the writer lease");
+                Err(Renewal::Unknown)
+            }
+            Err(_) => {
+                tracing::warn!(
+                    ?patience,
+                    "the writer lease's bucket did not answer a renewal"
+                );
+                Err(Renewal::Unknown)
+            }
+        };
+        match renewal {
             Ok(revision) => {
                 self.revision = revision;
                 self.renewed = asked;
                 Renewal::Held
             }
-            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Renewal::Lost,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot renew the writer lease");
-                Renewal::Unknown
+            Err(other) => other,
+        }
+    }
+
+    /// After a renewal refused for its revision: the lease is lost only if another node's
+    /// value is there. This holder's own value under a newer revision (an earlier renewal
+    /// that landed unanswered) is renewed at that revision; an absent key (the value expired
+    /// while NATS elected a leader for the bucket) is taken back by create, which fails if
+    /// another node took it first. Safe either way: the log's fence, not the lease, stops a
+    /// second writer.
+    async fn recheck(&self) -> Result<u64, Renewal> {
+        let unknown = |what: &str, e: &dyn std::fmt::Display| {
+            tracing::warn!(error = %e, "cannot renew the writer lease ({what})");
+            Renewal::Unknown
+        };
+        match self.bucket.entry(LEASE_KEY).await {
+            Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
+                if entry.value != self.value {
+                    return Err(Renewal::Lost);
+                }
+                match self
+                    .bucket
+                    .update(LEASE_KEY, self.value.clone(), entry.revision)
+                    .await
+                {
+                    Ok(revision) => Ok(revision),
+                    Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Err(Renewal::Lost),
+                    Err(e) => Err(unknown("renewing at the newer revision", &e)),
+                }
+            }
+            Ok(_) => match self.bucket.create(LEASE_KEY, self.value.clone()).await {
+                Ok(revision) => {
+                    tracing::info!("the writer lease had expired unrenewed; took it back");
+                    Ok(revision)
+                }
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Err(Renewal::Lost),
+                Err(e) => Err(unknown("taking it back", &e)),
+            },
+            Err(e) => Err(unknown("reading it", &e)),
+        }
+    }
+
+    /// Runs `work` while keeping the lease renewed (a node between roles: its follower's
+    /// services draining, its writing store opening). Whether the lease was lost meanwhile.
+    pub async fn keep_during<T>(
+        &mut self,
+        work: impl std::future::Future<Output = T>,
+    ) -> (T, bool) {
+        tokio::pin!(work);
+        let mut tick = tokio::time::interval(self.renew_every());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        let mut lost = false;
+        loop {
+            tokio::select! {
+                out = &mut work => return (out, lost),
+                _ = tick.tick(), if !lost => lost = self.renew().await == Renewal::Lost,
             }
         }
     }

@@ -16,6 +16,10 @@ use super::ClusterError;
 use crate::config::ClusterSection;
 
 /// The commit log stream and its one subject.
+
+/// How long a JetStream API request (stream state, consumer creation, KV operations) may
+/// go unanswered before it fails and its caller asks again.
+const JETSTREAM_PATIENCE: Duration = Duration::from_secs(3);
 pub const LOG_STREAM: &str = "FERROHUB_LOG";
 pub const LOG_SUBJECT: &str = "ferrohub.log";
 /// The bucket holding the writer lease (key [`super::lease::LEASE_KEY`]).
@@ -87,7 +91,11 @@ impl Link {
         if !version_ok(&version) {
             return Err(ClusterError::ServerTooOld { found: version });
         }
-        let js = jetstream::new(client.clone());
+        let mut js = jetstream::new(client.clone());
+        // A stream or bucket electing a leader holds a request for the whole timeout (the
+        // client's 10 s by default): a follower opening its log reader then, or a writer
+        // reading the log's state, would stand still that long after a NATS server's loss.
+        js.set_timeout(JETSTREAM_PATIENCE);
         loop {
             match Self::objects(&js, section).await {
                 Ok((lease, tls, nodes)) => {

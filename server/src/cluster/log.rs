@@ -62,6 +62,23 @@ impl JetStreamLog {
         }
     }
 
+    /// A new writer's first append, before it opens its store: an empty entry at the
+    /// sequence after the log's end as this node caught up to it. Once it is stored, a
+    /// deposed writer's later append is fenced; if it is refused, that writer appended after
+    /// this node read the log's end, and this node must follow again (its replica lacks those
+    /// entries). The same patience as every append.
+    ///
+    /// # Errors
+    /// [`LogError::Fenced`] when the log moved on, [`LogError::Unavailable`] when NATS did not
+    /// answer in time.
+    pub async fn claim(&self) -> Result<u64, LogError> {
+        let expected = self.last.load(Ordering::Acquire);
+        let entry = Bytes::from(ferrohub_engine::empty_log_entry());
+        let claimed = self.publish_patiently(entry, expected).await?;
+        self.last.store(claimed, Ordering::Release);
+        Ok(claimed)
+    }
+
     /// Cancelled when an append failed or [`JetStreamLog::fence`] was called.
     pub fn failed(&self) -> CancellationToken {
         self.failed.clone()
@@ -75,6 +92,25 @@ impl JetStreamLog {
 
     pub fn is_fenced(&self) -> bool {
         self.fenced.load(Ordering::Acquire)
+    }
+
+    /// Publishes `entry` after `expected`, sending it again while unanswered, for up to
+    /// [`APPEND_PATIENCE`] (see the module docs); the stored sequence.
+    async fn publish_patiently(&self, entry: Bytes, expected: u64) -> Result<u64, LogError> {
+        let give_up = tokio::time::Instant::now() + APPEND_PATIENCE;
+        loop {
+            let attempt =
+                tokio::time::timeout(ATTEMPT_TIMEOUT, self.publish(entry.clone(), expected))
+                    .await
+                    .unwrap_or_else(|_| Err(LogError::Unavailable("no acknowledgement".into())));
+            match attempt {
+                Err(LogError::Unavailable(e)) if tokio::time::Instant::now() < give_up => {
+                    tracing::warn!(error = %e, expected, "commit log publish unanswered; sending it again");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     async fn publish(&self, entry: Bytes, expected: u64) -> Result<u64, LogError> {
@@ -105,21 +141,9 @@ impl CommitLog for JetStreamLog {
         }
         let entry = Bytes::from(entry);
         // The commit thread is not a runtime thread, so it may wait on the runtime here.
-        let outcome = self.runtime.block_on(async {
-            let give_up = tokio::time::Instant::now() + APPEND_PATIENCE;
-            loop {
-                let attempt = tokio::time::timeout(ATTEMPT_TIMEOUT, self.publish(entry.clone(), expected))
-                    .await
-                    .unwrap_or_else(|_| Err(LogError::Unavailable("no acknowledgement".into())));
-                match attempt {
-                    Err(LogError::Unavailable(e)) if tokio::time::Instant::now() < give_up => {
-                        tracing::warn!(error = %e, expected, "commit log append unanswered; sending it again");
-                        tokio::time::sleep(RETRY_PAUSE).await;
-                    }
-                    other => break other,
-                }
-            }
-        });
+        let outcome = self
+            .runtime
+            .block_on(self.publish_patiently(entry, expected));
         match outcome {
             Ok(seq) => {
                 self.last.store(seq, Ordering::Release);

@@ -5,8 +5,8 @@
 //!
 //! # Invariants
 //! - Only the lease holder opens a writing [`ferrohub_engine::Store`]; every other node holds
-//!   a [`ferrohub_engine::Replica`] and applies the log, and forwards the client connections
-//!   it accepts to the writer ([`relay`]).
+//!   a [`ferrohub_engine::Replica`], applies the log, and serves clients from it, its writes
+//!   sent to the writer over core NATS ([`bus`]; the hub's calls and live traffic ride it).
 //! - Two writers can never both extend the log: every append expects the sequence its writer
 //!   last saw ([`log::JetStreamLog`]), so a deposed writer's append is refused whatever the
 //!   lease says. The lease only decides who tries.
@@ -16,11 +16,11 @@
 //! - Every node serves with the same TLS material, shared through the cluster ([`tls_share`]).
 //! - The log keeps every entry some node heard from recently may still need ([`trim`]).
 
+pub mod bus;
 pub mod follow;
 pub mod lease;
 pub mod link;
 pub mod log;
-pub mod relay;
 pub mod seed;
 pub mod tls_share;
 pub mod trim;

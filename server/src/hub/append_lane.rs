@@ -24,6 +24,9 @@
 //! - A message is answered either by its own future ([`AppendLane::append`]) or by a run of
 //!   tickets in the lane's [`LaneAcks`] window ([`AppendLane::append_in_order`]); one lane's tickets
 //!   are answered in the order they were issued.
+//! - On a cluster follower a lane stages nothing here: each admitted message is published to
+//!   the writer ([`super::forwarded_appends`]) before the next is admitted, so the writer takes
+//!   one lane's messages in their order, and appends them there, routing included.
 
 use crate::latency::{self, Tally};
 use std::collections::VecDeque;
@@ -48,6 +51,12 @@ pub enum Message {
     Routed(Vec<NewEvent>),
     /// To be routed with access to the store.
     Unrouted(Prepare),
+    /// A follower's: routed by the writer, which it is forwarded to (the events name no
+    /// endpoints; `module_id` is the sender's module, which routing conditions may read).
+    ToWriter {
+        events: Vec<NewEvent>,
+        module_id: Option<String>,
+    },
 }
 
 /// Who is told that a message is durable.
@@ -105,6 +114,8 @@ struct Queue {
 
 struct Lane {
     store: Arc<StoreSlot>,
+    /// Where a follower's lane sends its messages.
+    forward: Option<super::forwarded_appends::Forwarder>,
     /// Metric handles, looked up once per lane rather than once per message.
     durable_messages: metrics::Counter,
     admission: Arc<Semaphore>,
@@ -122,9 +133,11 @@ impl AppendLane {
         store: Arc<StoreSlot>,
         admission: Arc<Semaphore>,
         readers: Arc<D2cNotify>,
+        forward: Option<super::forwarded_appends::Forwarder>,
     ) -> Self {
         AppendLane(Arc::new(Lane {
             store,
+            forward,
             durable_messages: metrics::counter!("ferrohub_d2c_messages_total"),
             admission,
             readers,
@@ -201,7 +214,26 @@ impl AppendLane {
                     Arc::new(Mutex::new(Some((permit, reply)))),
                     Arc::clone(&self.0.readers),
                 );
-                self.stage_or_queue(message, now, completion);
+                match &self.0.forward {
+                    // Published before the next message is admitted: the writer keeps the order.
+                    Some(forward) => {
+                        let (events, module_id) = match message {
+                            Message::ToWriter { events, module_id } => (events, module_id),
+                            Message::Routed(events) => (events, None),
+                            Message::Unrouted(_) => {
+                                completion.finish(Err(D2cError::Storage(StorageError::Backend(
+                                    "a follower routes nothing itself".into(),
+                                ))));
+                                return waited;
+                            }
+                        };
+                        let done = completion.clone();
+                        forward
+                            .send(events, module_id, now, move |r| done.finish(r))
+                            .await;
+                    }
+                    None => self.stage_or_queue(message, now, completion),
+                }
             }
             // The semaphore is never closed while the store is open.
             Err(_) => {
@@ -272,7 +304,7 @@ impl Lane {
         };
         let store = &*store;
         let events = match message {
-            Message::Routed(events) => events,
+            Message::Routed(events) | Message::ToWriter { events, .. } => events,
             // A panic in routing must not wedge the lane: the message fails, the lane goes on.
             Message::Unrouted(prepare) => {
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepare(store))) {

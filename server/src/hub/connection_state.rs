@@ -19,6 +19,18 @@ pub async fn finish(ctx: &HubContext, who: &Identity, registration: &Registratio
     }
     let who = who.clone();
     let now = ctx.clock.now();
+    // In a cluster the writer knows whether a newer connection is current, on any node.
+    if let Some(connection) = connection_ref(ctx, registration) {
+        let call = super::calls::RecordDisconnection {
+            who,
+            connection,
+            now,
+        };
+        if let Err(e) = ctx.write(call).await {
+            tracing::warn!(error = %e, "cannot record connection state");
+        }
+        return;
+    }
     let current = registration.current_check();
     let staged = ctx
         .store
@@ -30,6 +42,20 @@ pub async fn finish(ctx: &HubContext, who: &Identity, registration: &Registratio
     if let Err(e) = staged {
         tracing::warn!(error = %e, "cannot record connection state");
     }
+}
+
+/// How the cluster's writer names `registration`; `None` on a single node.
+pub fn connection_ref(
+    ctx: &HubContext,
+    registration: &Registration,
+) -> Option<super::cluster::ConnectionRef> {
+    ctx.cluster
+        .as_deref()
+        .map(|c| super::cluster::ConnectionRef {
+            node: c.node().to_owned(),
+            incarnation: c.incarnation(),
+            id: registration.id(),
+        })
 }
 
 /// A connection state to record.

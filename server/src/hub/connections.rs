@@ -5,6 +5,10 @@
 //! - At most one live registration per client id; a registration removes itself on drop only
 //!   if it is still the current one, so a superseded connection cannot evict its successor.
 //! - Kicking only signals; the connection task closes itself and runs its own clean-up.
+//! - In a cluster ([`Reach`], set once), what finds no connection here goes to the other
+//!   nodes: kicks always do (a device's modules may be anywhere), desired patches and C2D
+//!   wake-ups when the identity is not connected here; and a registration announces itself,
+//!   so the identity's connection on another node is ended (the newer one wins, MQT-3).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -76,9 +80,24 @@ struct Entry {
     reason: Arc<Mutex<Option<KickReason>>>,
 }
 
+/// What [`Connections`] needs of a cluster's other nodes (`super::live` provides it).
+pub trait Reach: Send + Sync {
+    /// A connection of `who` registered here as number `id`: hear its identity's traffic from
+    /// other nodes, and end its connections there. Stops when the returned guard is dropped.
+    fn registered(&self, who: &Identity, id: u64) -> Box<dyn Send + Sync>;
+    /// A desired patch for an identity not connected here.
+    fn desired_patch(&self, client_id: &ClientId, version: u64, body: &[u8]);
+    /// A C2D wake-up for a device not connected here.
+    fn wake_c2d(&self, device_id: &DeviceId);
+    /// Kicks `who`'s connections on other nodes (with `device_wide`, its modules' too).
+    fn kick(&self, who: &Identity, device_wide: bool);
+}
+
 #[derive(Default)]
 pub struct Connections {
     entries: Mutex<HashMap<ClientId, Entry>>,
+    /// The other nodes of a cluster; unset on a single node.
+    reach: std::sync::OnceLock<Arc<dyn Reach>>,
     next_id: AtomicU64,
     connected_devices: AtomicU64,
     /// The most messages any one connection's outbound queue has held.
@@ -96,9 +115,16 @@ pub struct Registration {
     id: u64,
     pub kicked: CancellationToken,
     reason: Arc<Mutex<Option<KickReason>>>,
+    /// The other nodes' traffic for this connection, heard while this lives.
+    _reached: Option<Box<dyn Send + Sync>>,
 }
 
 impl Registration {
+    /// This connection's number on its node (unique there while the node runs).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     pub fn kick_reason(&self) -> Option<KickReason> {
         *self.reason.lock()
     }
@@ -144,6 +170,25 @@ impl Connections {
         Arc::new(Connections::default())
     }
 
+    /// Makes this node's connections reach a cluster's other nodes (once, before serving).
+    pub fn set_reach(&self, reach: Arc<dyn Reach>) {
+        let _ = self.reach.set(reach);
+    }
+
+    /// Whether this node has other nodes to reach.
+    pub fn is_clustered(&self) -> bool {
+        self.reach.get().is_some()
+    }
+
+    /// Ends the registration `id` of `client_id` if it still is the current one: a newer
+    /// connection of the identity on another node took over.
+    pub fn replaced_elsewhere(&self, client_id: &ClientId, id: u64) {
+        if let Some(e) = self.entries.lock().get(client_id).filter(|e| e.id == id) {
+            *e.reason.lock() = Some(KickReason::Replaced);
+            e.kick.cancel();
+        }
+    }
+
     fn holds(&self, client_id: &ClientId, id: u64) -> bool {
         self.entries
             .lock()
@@ -173,18 +218,22 @@ impl Connections {
             kick: kick.clone(),
             reason: Arc::clone(&reason),
         };
-        let mut entries = self.entries.lock();
-        match entries.insert(client_id.clone(), entry) {
-            Some(old) => {
-                *old.reason.lock() = Some(KickReason::Replaced);
-                old.kick.cancel();
+        {
+            let mut entries = self.entries.lock();
+            match entries.insert(client_id.clone(), entry) {
+                Some(old) => {
+                    *old.reason.lock() = Some(KickReason::Replaced);
+                    old.kick.cancel();
+                }
+                None if !is_module => {
+                    self.connected_devices.fetch_add(1, Ordering::Relaxed);
+                }
+                None => {}
             }
-            None if !is_module => {
-                self.connected_devices.fetch_add(1, Ordering::Relaxed);
-            }
-            None => {}
         }
+        let reached = self.reach.get().map(|r| r.registered(who, id));
         Registration {
+            _reached: reached,
             methods,
             c2d,
             connections: Arc::clone(self),
@@ -195,8 +244,17 @@ impl Connections {
         }
     }
 
-    /// Kicks the device's connection and those of all its modules.
+    /// Kicks the device's connection and those of all its modules, here and on every other
+    /// node; how many were here.
     pub fn kick_device(&self, device_id: &DeviceId) -> usize {
+        if let Some(reach) = self.reach.get() {
+            reach.kick(&Identity::for_device(device_id.as_str()), true);
+        }
+        self.kick_device_here(device_id)
+    }
+
+    /// [`Connections::kick_device`] on this node only.
+    pub fn kick_device_here(&self, device_id: &DeviceId) -> usize {
         let entries = self.entries.lock();
         let mut n = 0;
         for e in entries.values().filter(|e| e.device_id == *device_id) {
@@ -218,6 +276,14 @@ impl Connections {
 
     /// Kicks one module's connection.
     pub fn kick_client(&self, client_id: &ClientId) {
+        if let Some(reach) = self.reach.get() {
+            reach.kick(&Identity::of_client(client_id), false);
+        }
+        self.kick_client_here(client_id);
+    }
+
+    /// [`Connections::kick_client`] on this node only.
+    pub fn kick_client_here(&self, client_id: &ClientId) {
         if let Some(e) = self.entries.lock().get(client_id) {
             *e.reason.lock() = Some(KickReason::IdentityChanged);
             e.kick.cancel();
@@ -225,8 +291,25 @@ impl Connections {
     }
 
     /// Queues a message for a connected client; false if it is not connected or its queue is
-    /// full (the message is then dropped).
+    /// full (the message is then dropped). In a cluster, a desired patch for a client not
+    /// connected here goes to the node that holds it (true: sent on).
     pub fn notify(&self, client_id: &ClientId, message: Outbound) -> bool {
+        if let Some(e) = self.entries.lock().get(client_id) {
+            let sent = e.outbound.try_send(message).is_ok();
+            self.note_depth(&e.outbound);
+            return sent;
+        }
+        match (self.reach.get(), &message) {
+            (Some(reach), Outbound::DesiredPatch { version, body }) => {
+                reach.desired_patch(client_id, *version, body);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// [`Connections::notify`] on this node only.
+    pub fn notify_here(&self, client_id: &ClientId, message: Outbound) -> bool {
         match self.entries.lock().get(client_id) {
             Some(e) => {
                 let sent = e.outbound.try_send(message).is_ok();
@@ -256,13 +339,25 @@ impl Connections {
         (e.methods.load(Ordering::Acquire) && !e.kick.is_cancelled()).then(|| e.outbound.clone())
     }
 
-    /// Wakes the C2D delivery of a device's connection, if it is connected.
+    /// Wakes the C2D delivery of a device's connection, if it is connected (in a cluster,
+    /// on whichever node holds it).
     pub fn wake_c2d(&self, device_id: &DeviceId) {
-        // A device's client id is its device id.
-        if let Some(e) = self.entries.lock().get(device_id.as_str()) {
-            if !e.is_module {
-                e.c2d.wake.notify_one();
+        if !self.wake_c2d_here(device_id) {
+            if let Some(reach) = self.reach.get() {
+                reach.wake_c2d(device_id);
             }
+        }
+    }
+
+    /// [`Connections::wake_c2d`] on this node only; whether the device is connected here.
+    pub fn wake_c2d_here(&self, device_id: &DeviceId) -> bool {
+        // A device's client id is its device id.
+        match self.entries.lock().get(device_id.as_str()) {
+            Some(e) if !e.is_module => {
+                e.c2d.wake.notify_one();
+                true
+            }
+            _ => false,
         }
     }
 

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use ferrohub_engine::c2d::{C2dError, C2dMessage, FeedbackMessage, Settle, TimerKind};
+use ferrohub_engine::c2d::{C2dError, C2dMessage, FeedbackMessage, Settle};
 use ferrohub_engine::d2c::{Appended, D2cError, NewEvent};
 use ferrohub_engine::hub::HubSettings;
 use ferrohub_engine::notifications::EventSource;
@@ -14,11 +14,12 @@ use super::append_lane::{AppendLane, Message};
 use super::authenticator::Authenticator;
 use super::connections::Connections;
 use super::d2c_notify::D2cNotify;
+use super::live::Probe;
 use super::partition_readers::PartitionReaders;
 use super::store_handle::StoreHandle;
 use super::{c2d, methods, routes};
 use crate::clock::Clock;
-use crate::ids::{DeviceId, LockToken, ModuleId};
+use crate::ids::{DeviceId, Identity, LockToken, ModuleId};
 
 /// Everything a protocol handler may use: one pointer, so cloning it (per request, per
 /// connection, per background settle) costs one reference count, not one per part.
@@ -26,6 +27,24 @@ use crate::ids::{DeviceId, LockToken, ModuleId};
 pub struct HubContext(Arc<HubParts>);
 
 impl HubContext {
+    /// Admits an Event Hubs reader of `partition` in `group` (on this node, or in a cluster
+    /// on every node that answers).
+    ///
+    /// # Errors
+    /// [`ReaderRefusal`]: a higher owner level reads, or too many plain readers do.
+    pub async fn admit_reader(
+        &self,
+        partition: u16,
+        group: &str,
+        owner_level: Option<i64>,
+        shown: &str,
+    ) -> Result<super::partition_readers::Lease, super::partition_readers::ReaderRefusal> {
+        match &self.readers_everywhere {
+            Some(everywhere) => everywhere.admit(partition, group, owner_level, shown).await,
+            None => self.readers.admit(partition, group, owner_level, shown),
+        }
+    }
+
     pub fn new(parts: HubParts) -> Self {
         HubContext(Arc::new(parts))
     }
@@ -50,6 +69,8 @@ pub struct HubParts {
     pub connections: Arc<Connections>,
     pub d2c: Arc<D2cNotify>,
     pub readers: PartitionReaders,
+    /// In a cluster, admission of partition readers across the nodes.
+    pub readers_everywhere: Option<Arc<super::readers_everywhere::ReadersEverywhere>>,
     pub methods: Arc<methods::PendingCalls>,
     pub c2d: Arc<c2d::C2d>,
     pub routing: Arc<crate::routing::Router>,
@@ -63,6 +84,12 @@ pub struct HubParts {
     pub configurations: Arc<super::configurations::Reconciler>,
     /// Limits on slow and silent clients.
     pub timeouts: crate::config::TimeoutsSection,
+    /// This node's part in a cluster; `None` on a single node.
+    pub cluster: Option<Arc<super::cluster::Cluster>>,
+    /// A cluster's live traffic to connections on other nodes (method calls among it).
+    pub live: Option<Arc<super::live::LiveReach>>,
+    /// Starts import/export job runners (see `calls::CreateJob`).
+    pub import_export: Arc<super::calls::ImportExportStarter>,
 }
 
 impl HubContext {
@@ -74,41 +101,39 @@ impl HubContext {
     ///
     /// When the device's connection is receiving and its queue is empty, the send also locks
     /// the message for that connection (one commit, not a send and then the connection's
-    /// receive) and hands it over. A message that cannot be handed over (the connection went
+    /// receive) and hands it over; in a cluster the connection may be on another node, which
+    /// is asked first and handed the message over `live`. A message that cannot be handed over (the connection went
     /// meanwhile) is abandoned at once, so the next connection gets it without waiting for the
     /// lock to expire; that delivery stays counted, as for a connection that ends with a
     /// message unacknowledged.
     pub async fn send_c2d(&self, device_id: DeviceId, message: C2dMessage) -> Result<(), C2dError> {
-        let (settings, id, at) = (self.c2d.settings, device_id.clone(), self.clock.now());
-        let delivered = if self.connections.receives_c2d(&device_id) {
-            let (sent, delivered) = self
-                .store
-                .run_then(move |s, done| {
-                    s.send_c2d_locked_then(&id, message.clone(), at, &settings, done)
-                })
-                .await?;
-            self.c2d.scheduled(TimerKind::Expiry, sent.expiry);
-            delivered
-        } else {
-            let sent = self
-                .store
-                .run_then(move |s, done| s.send_c2d_then(&id, message.clone(), at, &settings, done))
-                .await?;
-            self.c2d.scheduled(TimerKind::Expiry, sent.expiry);
-            None
+        let here = self.connections.receives_c2d(&device_id);
+        let elsewhere = match &self.live {
+            Some(live) if !here => {
+                let who = Identity::for_device(device_id.as_str());
+                live.probe_elsewhere(&who, Probe::ReceivesC2d).await
+            }
+            _ => false,
         };
+        let call = super::calls::SendC2d {
+            device_id: device_id.to_string(),
+            message,
+            lock_for_receiver: here || elsewhere,
+            now: self.clock.now(),
+        };
+        let delivered = self.write(call).await?;
         metrics::counter!("ferrohub_c2d_sent_total").increment(1);
         let Some(delivered) = delivered else {
             self.connections.wake_c2d(&device_id);
             return Ok(());
         };
-        self.c2d.scheduled(
-            TimerKind::Lock,
-            UnixMillis(at.0.saturating_add(settings.lock_timeout_ms)),
-        );
-        metrics::counter!("ferrohub_c2d_locked_on_send_total").increment(1);
-        if let Err(back) = self.connections.hand_c2d(&device_id, delivered) {
-            self.abandon_c2d_in_background(device_id, LockToken::new(back.lock_token));
+        let lock_token = LockToken::new(delivered.lock_token.clone());
+        let handed = match (&self.live, here) {
+            (Some(live), false) => live.hand_c2d_elsewhere(&device_id, delivered).await,
+            _ => self.connections.hand_c2d(&device_id, delivered).is_ok(),
+        };
+        if !handed {
+            self.abandon_c2d_in_background(device_id, lock_token);
         }
         Ok(())
     }
@@ -117,13 +142,13 @@ impl HubContext {
     pub fn abandon_c2d_in_background(&self, device_id: DeviceId, lock_token: LockToken) {
         let ctx = self.clone();
         tokio::spawn(async move {
-            let (settings, at, id) = (ctx.c2d.settings, ctx.clock.now(), device_id.clone());
-            let settled = ctx
-                .store
-                .run_then(move |s, done| {
-                    s.settle_c2d_then(&id, &lock_token, Settle::Abandon, at, &settings, done)
-                })
-                .await;
+            let call = super::calls::SettleC2d {
+                device_id: device_id.to_string(),
+                lock_token: lock_token.to_string(),
+                action: Settle::Abandon,
+                now: ctx.clock.now(),
+            };
+            let settled = ctx.write(call).await;
             if let Err(e) = settled {
                 tracing::debug!(device = %device_id, error = %e, "c2d abandon refused");
             }
@@ -153,9 +178,24 @@ impl HubContext {
         );
     }
 
-    /// A new ordered lane for one connection's (or request's) device messages.
+    /// A new ordered lane for one connection's (or request's) device messages; on a cluster
+    /// follower, one whose messages the writer appends.
     pub fn telemetry_lane(&self) -> AppendLane {
-        self.store.lane(Arc::clone(&self.d2c))
+        match self.cluster.as_ref().filter(|c| c.is_follower()) {
+            Some(cluster) => self.store.forwarding_lane(
+                Arc::clone(&self.d2c),
+                super::forwarded_appends::Forwarder::new(Arc::clone(cluster)),
+            ),
+            None => self.store.lane(Arc::clone(&self.d2c)),
+        }
+    }
+
+    /// The cluster bus, on a follower.
+    fn follower_bus(&self) -> Option<&crate::cluster::bus::Bus> {
+        self.cluster
+            .as_deref()
+            .filter(|c| c.is_follower())
+            .map(|c| &c.bus)
     }
 
     /// Routes (EVT-5) and appends device messages of one identity on `lane`, once admitted,
@@ -195,20 +235,8 @@ impl HubContext {
     /// # Errors
     /// Storage.
     pub async fn receive_feedback(&self) -> Result<Option<FeedbackMessage>, StorageError> {
-        let (settings, at) = (self.c2d.settings, self.clock.now());
-        let got = self
-            .store
-            .run(move |s| s.receive_feedback(at, &settings))
-            .await?;
-        if let Some(f) = &got {
-            self.c2d
-                .scheduled(TimerKind::Lock, UnixMillis(at.0 + settings.lock_timeout_ms));
-            self.c2d.scheduled(
-                TimerKind::Expiry,
-                UnixMillis(f.enqueued.0 + settings.feedback_ttl_ms),
-            );
-        }
-        Ok(got)
+        let now = self.clock.now();
+        self.write(super::calls::ReceiveFeedback { now }).await
     }
 
     /// Completes, abandons or dead-letters a locked feedback message.
@@ -216,11 +244,12 @@ impl HubContext {
     /// # Errors
     /// [`C2dError::LockLost`] or a malformed token, storage.
     pub async fn settle_feedback(&self, token: LockToken, action: Settle) -> Result<(), C2dError> {
-        let (settings, at) = (self.c2d.settings, self.clock.now());
-        self.store
-            .run(move |s| s.settle_feedback(&token, action, at, &settings))
-            .await
-            .map(drop)
+        let call = super::calls::SettleFeedback {
+            lock_token: token.to_string(),
+            action,
+            now: self.clock.now(),
+        };
+        self.write(call).await.map(drop)
     }
 
     /// The lane message for `events`: routed now when no route needs storage, else from the
@@ -231,6 +260,13 @@ impl HubContext {
         module_id: Option<ModuleId>,
         now: UnixMillis,
     ) -> Message {
+        // A follower routes nothing: the writer does, with its own table and twins.
+        if self.follower_bus().is_some() {
+            return Message::ToWriter {
+                events,
+                module_id: module_id.map(String::from),
+            };
+        }
         // The common table (no device routes): the events stay as they came, with no
         // endpoints named, which is the built-in endpoint alone.
         if self.routing.sends_device_messages_to_builtin_only()

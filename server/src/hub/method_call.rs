@@ -9,8 +9,7 @@
 
 use std::time::Duration;
 
-use super::connections::{MethodRequestOut, Outbound};
-use super::methods::MethodAnswer;
+use super::methods::{call_connection, MethodAnswer};
 use super::HubContext;
 use crate::ids::Identity;
 
@@ -24,35 +23,7 @@ pub struct MethodRequest {
     pub response_timeout: Duration,
 }
 
-/// Why a call got no answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallFailure {
-    /// Not connected (or not subscribed to methods) within the connect timeout.
-    NotOnline,
-    /// Connected, but gone before the request could be handed over.
-    Disconnected,
-    /// No answer within the response timeout.
-    Timeout,
-}
-
-impl CallFailure {
-    /// IoT Hub's error number, name and message for the failure.
-    pub fn iot_hub_error(self) -> (u32, &'static str, &'static str) {
-        match self {
-            CallFailure::NotOnline => (
-                404103,
-                "DeviceNotOnline",
-                "Timed out waiting for device to connect.",
-            ),
-            CallFailure::Disconnected => (404103, "DeviceNotOnline", "The device disconnected."),
-            CallFailure::Timeout => (
-                504101,
-                "GatewayTimeout",
-                "Timed out waiting for the response from device.",
-            ),
-        }
-    }
-}
+pub use super::methods::CallFailure;
 
 impl HubContext {
     /// Calls a method on `who` and waits for its answer.
@@ -66,35 +37,34 @@ impl HubContext {
     ) -> Result<MethodAnswer, CallFailure> {
         let client_id = who.client_id();
         let deadline = tokio::time::Instant::now() + request.connect_timeout;
-        let target = loop {
-            if let Some(tx) = self.connections.method_target(&client_id) {
-                break tx;
+        loop {
+            if let Some(target) = self.connections.method_target(&client_id) {
+                return call_connection(
+                    &self.connections,
+                    &self.methods,
+                    &client_id,
+                    target,
+                    request.method,
+                    request.payload,
+                    request.response_timeout,
+                )
+                .await;
+            }
+            // In a cluster the connection may be on another node.
+            if let Some(live) = &self.live {
+                let (method, payload) = (&request.method, &request.payload);
+                if let Some(done) = live
+                    .call_elsewhere(who, method, payload, request.response_timeout)
+                    .await
+                {
+                    metrics::counter!("ferrohub_method_calls_total").increment(1);
+                    return done;
+                }
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(CallFailure::NotOnline);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        let (rid, answer) = self.methods.start(&client_id);
-        let sent = target
-            .send(Outbound::MethodRequest(Box::new(MethodRequestOut {
-                rid: rid.clone(),
-                method: request.method,
-                payload: request.payload,
-            })))
-            .await;
-        self.connections.note_depth(&target);
-        metrics::counter!("ferrohub_method_calls_total").increment(1);
-        if sent.is_err() {
-            self.methods.abandon(&client_id, &rid);
-            return Err(CallFailure::Disconnected);
-        }
-        match tokio::time::timeout(request.response_timeout, answer).await {
-            Ok(Ok(a)) => Ok(a),
-            _ => {
-                self.methods.abandon(&client_id, &rid);
-                Err(CallFailure::Timeout)
-            }
         }
     }
 }

@@ -7,9 +7,12 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
-use tokio::sync::oneshot;
+use std::time::Duration;
 
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+
+use super::connections::{Connections, MethodRequestOut, Outbound};
 use crate::ids::ClientId;
 
 /// A device's answer: its status code and raw payload.
@@ -53,6 +56,73 @@ impl PendingCalls {
         self.waiting
             .lock()
             .remove(&(client_id.clone(), rid.to_string()));
+    }
+}
+
+/// Why a call got no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallFailure {
+    /// Not connected (or not subscribed to methods) within the connect timeout.
+    NotOnline,
+    /// Connected, but gone before the request could be handed over.
+    Disconnected,
+    /// No answer within the response timeout.
+    Timeout,
+}
+
+impl CallFailure {
+    /// IoT Hub's error number, name and message for the failure.
+    pub fn iot_hub_error(self) -> (u32, &'static str, &'static str) {
+        match self {
+            CallFailure::NotOnline => (
+                404103,
+                "DeviceNotOnline",
+                "Timed out waiting for device to connect.",
+            ),
+            CallFailure::Disconnected => (404103, "DeviceNotOnline", "The device disconnected."),
+            CallFailure::Timeout => (
+                504101,
+                "GatewayTimeout",
+                "Timed out waiting for the response from device.",
+            ),
+        }
+    }
+}
+
+/// Hands a method call to a connection of this node (its outbound queue `target`) and waits
+/// up to `response_timeout` for the device's answer.
+///
+/// # Errors
+/// [`CallFailure::Disconnected`] when the connection went first, [`CallFailure::Timeout`].
+pub async fn call_connection(
+    connections: &Connections,
+    methods: &PendingCalls,
+    client_id: &ClientId,
+    target: mpsc::Sender<Outbound>,
+    method: String,
+    payload: Vec<u8>,
+    response_timeout: Duration,
+) -> Result<MethodAnswer, CallFailure> {
+    let (rid, answer) = methods.start(client_id);
+    let sent = target
+        .send(Outbound::MethodRequest(Box::new(MethodRequestOut {
+            rid: rid.clone(),
+            method,
+            payload,
+        })))
+        .await;
+    connections.note_depth(&target);
+    metrics::counter!("ferrohub_method_calls_total").increment(1);
+    if sent.is_err() {
+        methods.abandon(client_id, &rid);
+        return Err(CallFailure::Disconnected);
+    }
+    match tokio::time::timeout(response_timeout, answer).await {
+        Ok(Ok(a)) => Ok(a),
+        _ => {
+            methods.abandon(client_id, &rid);
+            Err(CallFailure::Timeout)
+        }
     }
 }
 

@@ -25,9 +25,12 @@
 //!   never knows which protocol a request came in on.
 
 pub mod append_lane;
+pub mod appends_from_followers;
 pub mod authenticator;
 pub mod c2d;
 pub mod c2d_sweeper;
+pub mod calls;
+pub mod cluster;
 pub mod config_content;
 pub mod configurations;
 pub mod connection_state;
@@ -35,17 +38,22 @@ pub mod connections;
 pub mod context;
 pub mod d2c_notify;
 pub mod daily_quota;
+pub mod departed_nodes;
 pub mod event_router;
 pub mod fair_share;
 pub mod file_uploads;
+pub mod follower;
+pub mod forwarded_appends;
 pub mod job_spec;
 pub mod lane_acks;
 pub mod limits;
+pub mod live;
 pub mod method_call;
 pub mod methods;
 pub mod metrics;
 pub mod partition_readers;
 pub mod provisioning;
+pub mod readers_everywhere;
 pub mod retention;
 pub mod routes;
 pub mod scheduled_jobs;

@@ -32,6 +32,38 @@ pub enum ReaderRefusal {
     TooManyReaders { partition: String, group: String },
 }
 
+impl ReaderRefusal {
+    /// The refusal of a reader with `owner_level` where an owner with level `top` (if any)
+    /// holds the partition; `None` when it may read.
+    pub fn held_by(top: Option<i64>, owner_level: Option<i64>, shown: &str) -> Option<Self> {
+        let text = match (owner_level, top?) {
+            (None, top) => format!(
+                "a receiver with owner level {top} holds {shown}; a receiver without owner level cannot be created"
+            ),
+            (Some(level), top) if level < top => format!(
+                "a receiver with a higher owner level {top} holds {shown}; a receiver with owner level {level} cannot be created"
+            ),
+            (Some(_), _) => return None,
+        };
+        Some(ReaderRefusal::Stolen(text))
+    }
+
+    pub fn too_many(shown: &str, group: &str) -> Self {
+        ReaderRefusal::TooManyReaders {
+            partition: shown.to_string(),
+            group: group.to_string(),
+        }
+    }
+}
+
+/// What one node holds of a (partition, group): its highest owner level and how many plain
+/// readers it has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    pub top: Option<i64>,
+    pub plain: usize,
+}
+
 #[derive(Default)]
 struct Readers {
     next_id: u64,
@@ -43,6 +75,22 @@ struct Readers {
         watch::Sender<Option<ReaderRefusal>>,
         Arc<AtomicU64>,
     )>,
+}
+
+impl Readers {
+    fn top(&self) -> Option<i64> {
+        self.held.iter().filter_map(|(_, level, ..)| *level).max()
+    }
+
+    /// A reader with owner level `level` takes the partition: every reader held here is told.
+    fn push_off_all(&mut self, level: i64, shown: &str) {
+        let reason = ReaderRefusal::Stolen(format!(
+            "a new receiver with owner level {level} took {shown}; this receiver is disconnected"
+        ));
+        for (_, _, tx, _) in self.held.drain(..) {
+            tx.send_replace(Some(reason.clone()));
+        }
+    }
 }
 
 /// The hub's registry of partition readers; one per hub, shared by every connection.
@@ -107,37 +155,16 @@ impl PartitionReaders {
         let key = (partition, group.to_ascii_lowercase());
         let mut all = self.0.lock();
         let readers = all.entry(key.clone()).or_default();
-        let top = readers
-            .held
-            .iter()
-            .filter_map(|(_, level, ..)| *level)
-            .max();
-        match (owner_level, top) {
-            (None, Some(top)) => {
-                return Err(ReaderRefusal::Stolen(format!(
-                    "a receiver with owner level {top} holds {shown}; a receiver without owner level cannot be created"
-                )))
+        let top = readers.top();
+        if let Some(refused) = ReaderRefusal::held_by(top, owner_level, shown) {
+            return Err(refused);
+        }
+        match owner_level {
+            None if readers.held.len() >= MAX_PLAIN_READERS => {
+                return Err(ReaderRefusal::too_many(shown, group));
             }
-            (None, None) if readers.held.len() >= MAX_PLAIN_READERS => {
-                return Err(ReaderRefusal::TooManyReaders {
-                    partition: shown.to_string(),
-                    group: group.to_string(),
-                })
-            }
-            (Some(level), Some(top)) if level < top => {
-                return Err(ReaderRefusal::Stolen(format!(
-                    "a receiver with a higher owner level {top} holds {shown}; a receiver with owner level {level} cannot be created"
-                )))
-            }
-            (Some(level), _) => {
-                let reason = ReaderRefusal::Stolen(format!(
-                    "a new receiver with owner level {level} took {shown}; this receiver is disconnected"
-                ));
-                for (_, _, tx, _) in readers.held.drain(..) {
-                    tx.send_replace(Some(reason.clone()));
-                }
-            }
-            (None, None) => {}
+            None => {}
+            Some(level) => readers.push_off_all(level, shown),
         }
         readers.next_id += 1;
         let id = readers.next_id;
@@ -152,6 +179,40 @@ impl PartitionReaders {
             lost,
             next,
         })
+    }
+
+    /// What this node holds of `partition` in `group`.
+    pub fn held(&self, partition: u16, group: &str) -> Held {
+        let all = self.0.lock();
+        all.get(&(partition, group.to_ascii_lowercase()))
+            .map_or_else(Held::default, |r| Held {
+                top: r.top(),
+                plain: r
+                    .held
+                    .iter()
+                    .filter(|(_, level, ..)| level.is_none())
+                    .count(),
+            })
+    }
+
+    /// Another node admitted a reader with owner level `level`: every reader here is pushed
+    /// off, unless one here has a higher level (returned, and nobody is pushed off).
+    pub fn taken_elsewhere(
+        &self,
+        partition: u16,
+        group: &str,
+        level: i64,
+        shown: &str,
+    ) -> Option<i64> {
+        let mut all = self.0.lock();
+        let readers = all.get_mut(&(partition, group.to_ascii_lowercase()))?;
+        match readers.top() {
+            Some(top) if top > level => Some(top),
+            _ => {
+                readers.push_off_all(level, shown);
+                None
+            }
+        }
     }
 
     /// For each (partition, consumer group) being read, the furthest next sequence number
@@ -210,6 +271,39 @@ mod tests {
         drop((plain, low, high));
         drop(same);
         assert!(readers.admit(0, "$Default", None, "p0").is_ok());
+    }
+
+    #[test]
+    fn a_claim_elsewhere_pushes_off_lower_readers_and_is_refused_by_a_higher_one() {
+        let readers = PartitionReaders::default();
+        let plain = readers.admit(0, "$Default", None, "p0").unwrap();
+        assert_eq!(
+            readers.held(0, "$default"),
+            Held {
+                top: None,
+                plain: 1
+            }
+        );
+        assert_eq!(readers.taken_elsewhere(0, "$Default", 1, "p0"), None);
+        assert!(is_lost(&plain));
+        // A reader pushed off is no longer held, though its lease lives until dropped.
+        let high = readers.admit(0, "$Default", Some(3), "p0").unwrap();
+        assert_eq!(
+            readers.held(0, "$Default"),
+            Held {
+                top: Some(3),
+                plain: 0
+            }
+        );
+        assert_eq!(readers.taken_elsewhere(0, "$Default", 2, "p0"), Some(3));
+        assert!(!is_lost(&high));
+        assert_eq!(readers.taken_elsewhere(0, "$Default", 3, "p0"), None);
+        assert!(is_lost(&high));
+        // Nothing held: nothing to push off, nothing to refuse.
+        assert_eq!(readers.taken_elsewhere(7, "$Default", 1, "p7"), None);
+        assert_eq!(ReaderRefusal::held_by(None, None, "p0"), None);
+        assert_eq!(ReaderRefusal::held_by(Some(2), Some(2), "p0"), None);
+        assert!(ReaderRefusal::held_by(Some(2), Some(1), "p0").is_some());
     }
 
     #[test]

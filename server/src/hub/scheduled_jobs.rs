@@ -22,6 +22,7 @@ use ferrohub_engine::scheduled_jobs::{
     DeviceJobRow, DeviceJobStatus, JobTarget, ScheduledJob, ScheduledJobError, ScheduledJobStatus,
 };
 use ferrohub_engine::{StorageError, UnixMillis};
+use futures::StreamExt;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -214,8 +215,18 @@ fn identity_of(row: &DeviceJobRow) -> Identity {
     Identity::new(row.device_id.clone(), row.module_id.clone())
 }
 
-fn is_online(ctx: &HubContext, who: &Identity) -> bool {
-    ctx.connections.method_target(&who.client_id()).is_some()
+/// Connected, on this node or (in a cluster) another, and subscribed to methods.
+async fn is_online(ctx: &HubContext, who: &Identity) -> bool {
+    if ctx.connections.method_target(&who.client_id()).is_some() {
+        return true;
+    }
+    match &ctx.live {
+        Some(live) => {
+            live.probe_elsewhere(who, super::live::Probe::TakesMethods)
+                .await
+        }
+        None => false,
+    }
 }
 
 /// Calls the method on a row's identity and fills in the row with what happened.
@@ -325,7 +336,7 @@ async fn method_job(
             let row = new_row(&job, t, now);
             let spec = &spec;
             async move {
-                if is_online(ctx, &identity_of(&row)) {
+                if is_online(ctx, &identity_of(&row)).await {
                     call(ctx, spec, row).await
                 } else {
                     row
@@ -351,10 +362,17 @@ async fn method_job(
         if waiting.is_empty() || ctx.clock.now() >= deadline(&job) {
             return finish(ctx, id, ScheduledJobStatus::Completed, None).await;
         }
-        let (online, offline): (Vec<_>, Vec<_>) = waiting
-            .into_iter()
-            .partition(|r| is_online(ctx, &identity_of(r)));
-        waiting = offline;
+        let checked: Vec<(DeviceJobRow, bool)> = futures::stream::iter(waiting)
+            .map(|r| async move {
+                let online = is_online(ctx, &identity_of(&r)).await;
+                (r, online)
+            })
+            .buffered(METHOD_PAGE)
+            .collect()
+            .await;
+        let (online, offline): (Vec<_>, Vec<_>) = checked.into_iter().partition(|(_, o)| *o);
+        waiting = offline.into_iter().map(|(r, _)| r).collect();
+        let online: Vec<DeviceJobRow> = online.into_iter().map(|(r, _)| r).collect();
         for chunk in online.chunks(METHOD_PAGE) {
             let done =
                 futures::future::join_all(chunk.iter().cloned().map(|r| call(ctx, &spec, r))).await;

@@ -67,7 +67,12 @@ pub struct StoreHandle {
 
 impl StoreHandle {
     pub fn new(store: Arc<Store>) -> Self {
-        let permits = store.commit_queue_depth().max(1);
+        // A follower's store commits nothing (depth 0); its lanes' messages, forwarded to the
+        // writer, are admitted as many as a writer's commit queue takes.
+        let permits = match store.commit_queue_depth() {
+            0 => ferrohub_engine::DEFAULT_COMMIT_QUEUE_DEPTH,
+            n => n,
+        };
         StoreHandle {
             slot: Arc::new(StoreSlot::new(store)),
             admission: Arc::new(Semaphore::new(permits)),
@@ -250,13 +255,40 @@ impl StoreHandle {
     /// A new ordered lane for one connection's (or one request's) device messages; readers
     /// of the partitions they land in are woken through `readers`.
     pub fn lane(&self, readers: Arc<D2cNotify>) -> AppendLane {
-        AppendLane::new(Arc::clone(&self.slot), Arc::clone(&self.admission), readers)
+        AppendLane::new(
+            Arc::clone(&self.slot),
+            Arc::clone(&self.admission),
+            readers,
+            None,
+        )
+    }
+
+    /// A cluster follower's lane: its messages go to the writer through `forward`.
+    pub fn forwarding_lane(
+        &self,
+        readers: Arc<D2cNotify>,
+        forward: super::forwarded_appends::Forwarder,
+    ) -> AppendLane {
+        AppendLane::new(
+            Arc::clone(&self.slot),
+            Arc::clone(&self.admission),
+            readers,
+            Some(forward),
+        )
     }
 
     /// Holds every write until the guard is dropped (see `ferrohub_engine::Store::hold_commits`).
     #[doc(hidden)]
     pub fn hold_commits(&self) -> Option<CommitHold> {
         self.slot.current().ok()?.hold_commits()
+    }
+
+    /// The commit log sequence of the last write this node appended (a cluster's writer; 0
+    /// elsewhere): every write acknowledged so far is at or below it.
+    pub fn last_logged_sequence(&self) -> u64 {
+        self.slot
+            .try_current()
+            .map_or(0, |s| s.last_logged_sequence())
     }
 
     /// Whether writes are refused (a failed durable write poisoned the store, or recovery

@@ -31,7 +31,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrohub_engine::c2d::{Delivered, QueueSettings, Settle, Settled, TimerKind};
+use ferrohub_engine::c2d::{Delivered, Settle, Settled};
 use ferrohub_engine::UnixMillis;
 use futures::Future;
 use tokio::sync::mpsc;
@@ -41,7 +41,6 @@ use super::property_bag;
 use crate::c2d_message;
 use crate::clock::Clock;
 use crate::hub::connections::{C2dSignal, Outbound};
-use crate::hub::store_handle::StoreHandle;
 use crate::hub::HubContext;
 use crate::ids::{DeviceId, LockToken};
 
@@ -178,18 +177,13 @@ impl Delivery {
         }
         self.want = false;
         self.requested = room;
-        let (store, c2d, id) = (ctx.store.clone(), ctx.c2d.clone(), self.device_id.clone());
+        let (ctx, id) = (ctx.clone(), self.device_id.clone());
         let at = ctx.clock.now();
         self.fetch = Some(Box::pin(async move {
-            let settings = c2d.settings;
-            let got = match completing {
-                Some(token) => complete_and_fetch(&store, id, token, room, at, settings).await?,
-                None => fetch(&store, id, room, at, settings).await?,
-            };
-            if !got.is_empty() {
-                c2d.scheduled(TimerKind::Lock, UnixMillis(at.0 + settings.lock_timeout_ms));
+            match completing {
+                Some(token) => complete_and_fetch(&ctx, id, token, room, at).await,
+                None => fetch(&ctx, id, room, at).await,
             }
-            Ok(got)
         }));
     }
 
@@ -370,34 +364,35 @@ fn held_until(d: &Delivered, lock_for: Duration, clock: &Clock) -> Instant {
 
 /// Locks up to `room` deliverable messages of the device's queue.
 async fn fetch(
-    store: &StoreHandle,
+    ctx: &HubContext,
     id: DeviceId,
     room: usize,
     at: UnixMillis,
-    settings: QueueSettings,
 ) -> Result<Vec<Delivered>, String> {
-    store
-        .run_then(move |s, done| s.receive_c2d_then(&id, room, at, &settings, done))
-        .await
-        .map_err(|e| e.to_string())
+    let call = crate::hub::calls::ReceiveC2d {
+        device_id: id.to_string(),
+        max: room,
+        now: at,
+    };
+    ctx.write(call).await.map_err(|e| e.to_string())
 }
 
 /// Completes a message and locks up to `room` more in one commit. A completion the engine
 /// refuses (its lock expired meanwhile) is logged, and the fetch is made alone.
 async fn complete_and_fetch(
-    store: &StoreHandle,
+    ctx: &HubContext,
     id: DeviceId,
     token: LockToken,
     room: usize,
     at: UnixMillis,
-    settings: QueueSettings,
 ) -> Result<Vec<Delivered>, String> {
-    let id2 = id.clone();
-    let combined = store
-        .run_then(move |s, done| {
-            s.complete_and_receive_c2d_then(&id2, &token, room, at, &settings, done)
-        })
-        .await;
+    let call = crate::hub::calls::CompleteAndReceiveC2d {
+        device_id: id.to_string(),
+        lock_token: token.to_string(),
+        max: room,
+        now: at,
+    };
+    let combined = ctx.write(call).await;
     match combined {
         Ok(got) => {
             metrics::counter!("ferrohub_c2d_completed_with_fetch_total").increment(1);
@@ -406,7 +401,7 @@ async fn complete_and_fetch(
         Err(ferrohub_engine::c2d::C2dError::Storage(e)) => Err(e.to_string()),
         Err(e) => {
             tracing::debug!(device = %id, error = %e, "c2d completion refused");
-            fetch(store, id, room, at, settings).await
+            fetch(ctx, id, room, at).await
         }
     }
 }
@@ -422,13 +417,13 @@ async fn settle(
     lock_token: LockToken,
     action: Settle,
 ) -> Result<Settled, ferrohub_engine::c2d::C2dError> {
-    let settings = ctx.c2d.settings;
-    let id = device_id.clone();
-    let at = ctx.clock.now();
-    let result = ctx
-        .store
-        .run_then(move |s, done| s.settle_c2d_then(&id, &lock_token, action, at, &settings, done))
-        .await;
+    let call = crate::hub::calls::SettleC2d {
+        device_id: device_id.to_string(),
+        lock_token: lock_token.to_string(),
+        action,
+        now: ctx.clock.now(),
+    };
+    let result = ctx.write(call).await;
     if action == Settle::Abandon {
         ctx.connections.wake_c2d(device_id);
     }

@@ -215,7 +215,12 @@ impl Session {
         let rid = param(&params, "$rid")?.to_string();
         let result: Result<Operation, DpsFailure> = if topic.starts_with(REGISTER_PREFIX) {
             match parse_register_body(body, &self.registration_id) {
-                Ok(payload) => self.ctx.provisioning.register(self.request(payload)).await,
+                Ok(payload) => {
+                    self.ctx
+                        .provisioning
+                        .register(&self.ctx, self.request(payload))
+                        .await
+                }
                 Err(e) => Err(e),
             }
         } else if topic.starts_with(POLL_PREFIX) {

@@ -139,12 +139,8 @@ pub async fn patch_reported(
     let now = ctx.clock.now();
     // Checked, applied and queued on the blocking pool; the answer waits for the sync without
     // holding a thread or the device's lock, so the device's next patch can share that sync.
-    let result = ctx
-        .store
-        .run_then(move |s, done| {
-            s.patch_reported_then(&who.device_id, who.module_id.as_deref(), &patch, now, done)
-        })
-        .await;
+    let call = crate::hub::calls::PatchReported::by(&who, patch, now);
+    let result = ctx.write(call).await;
     match result {
         Ok(version) => answer(pkid, response_topic(204, &rid, Some(version)), Vec::new()),
         Err(e) => answer(

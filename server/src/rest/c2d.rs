@@ -8,9 +8,8 @@
 //!   send or abandon, the deadline tasks after a new lock or expiry.
 
 use bytes::Bytes;
-use ferrohub_engine::c2d::{C2dMessage, Delivered, Settle, Settled, TimerKind};
+use ferrohub_engine::c2d::{C2dMessage, Delivered, Settle, Settled};
 use ferrohub_engine::model::Status;
-use ferrohub_engine::UnixMillis;
 use warp::filters::BoxedFilter;
 use warp::http::{HeaderMap, HeaderValue};
 use warp::{Filter, Rejection};
@@ -144,12 +143,9 @@ async fn send(
 async fn purge(device: PathId, ctx: Context, p: Principal) -> Handled {
     let device_id = DeviceId::new(device.0);
     p.require_hub(Permission::ServiceConnect)?;
-    let id = device_id.clone();
     let purged = ctx
-        .store
-        .run(move |s| {
-            s.get_device(&id)?;
-            s.purge_c2d(&id).map_err(ApiError::from)
+        .write(crate::hub::calls::PurgeC2d {
+            device_id: device_id.to_string(),
         })
         .await?;
     Ok(json(&serde_json::json!({
@@ -175,16 +171,15 @@ async fn authorise_device(ctx: &Context, p: &Principal, device_id: &str) -> Resu
 async fn receive(device: PathId, ctx: Context, p: Principal) -> Handled {
     let device_id = DeviceId::new(device.0);
     authorise_device(&ctx, &p, &device_id).await?;
-    let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
-    let mut got = ctx
-        .store
-        .run(move |s| s.receive_c2d(&id, 1, at, &settings))
-        .await?;
+    let call = crate::hub::calls::ReceiveC2d {
+        device_id: device_id.to_string(),
+        max: 1,
+        now: ctx.clock.now(),
+    };
+    let mut got = ctx.write(call).await?;
     let Some(d) = got.pop() else {
         return Ok(no_content());
     };
-    ctx.c2d
-        .scheduled(TimerKind::Lock, UnixMillis(at.0 + settings.lock_timeout_ms));
     Ok(delivered_response(&device_id, d))
 }
 
@@ -244,11 +239,13 @@ async fn settle(
 ) -> Handled {
     let (device_id, token) = (DeviceId::new(device.0), LockToken::new(token.0));
     authorise_device(&ctx, &p, &device_id).await?;
-    let (settings, id, at) = (ctx.c2d.settings, device_id.clone(), ctx.clock.now());
-    let settled = ctx
-        .store
-        .run(move |s| s.settle_c2d(&id, &token, action, at, &settings))
-        .await?;
+    let call = crate::hub::calls::SettleC2d {
+        device_id: device_id.to_string(),
+        lock_token: token.to_string(),
+        action,
+        now: ctx.clock.now(),
+    };
+    let settled = ctx.write(call).await?;
     if settled == Settled::Requeued {
         ctx.connections.wake_c2d(&device_id);
     }

@@ -51,9 +51,7 @@ async fn put_handler(name: PathId, ctx: Context, p: Principal, body: CaBody) -> 
         der,
         created: ctx.clock.now(),
     };
-    let stored = ca.clone();
-    ctx.store
-        .run(move |s| s.put_certificate_authority(&stored))
+    ctx.write(crate::hub::calls::PutCertificate { ca: ca.clone() })
         .await?;
     Ok(json(&ca_json(&ca)))
 }
@@ -66,12 +64,10 @@ async fn list_handler(ctx: Context, p: Principal) -> Handled {
 
 async fn delete_handler(name: PathId, ctx: Context, p: Principal) -> Handled {
     p.require_hub(Permission::RegistryWrite)?;
-    let n = name.0.clone();
-    if ctx
-        .store
-        .run(move |s| s.delete_certificate_authority(&n))
-        .await?
-    {
+    let call = crate::hub::calls::DeleteCertificate {
+        name: name.0.clone(),
+    };
+    if ctx.write(call).await? {
         Ok(no_content())
     } else {
         Err(ApiError::NotFound(format!("certificate {}", name.0)))

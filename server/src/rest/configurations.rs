@@ -265,14 +265,16 @@ async fn put(
     may_write(&p)?;
     let config = configuration_of(id.0, &body)?;
     let (condition, now) = (if_match_of(if_match), ctx.clock.now());
+    let call = crate::hub::calls::PutConfiguration {
+        configuration: config,
+        if_match: condition,
+        now,
+    };
+    let stored = ctx.write(call).await?;
     let reply = ctx
         .store
-        .run(move |s| {
-            let stored = s.put_configuration(config, condition.as_ref(), now)?;
-            configuration_json(s, &stored)
-        })
+        .run(move |s| configuration_json(s, &stored))
         .await?;
-    ctx.configurations.configurations_changed();
     Ok(json(&reply))
 }
 
@@ -288,10 +290,11 @@ async fn get(id: PathId, ctx: Context, p: Principal) -> Handled {
 async fn delete(id: PathId, ctx: Context, p: Principal, if_match: Option<String>) -> Handled {
     may_write(&p)?;
     let condition = if_match_of(if_match).unwrap_or(IfMatch::Any);
-    ctx.store
-        .run(move |s| s.delete_configuration(&id.0, &condition))
-        .await?;
-    ctx.configurations.configurations_changed();
+    let call = crate::hub::calls::DeleteConfiguration {
+        id: id.0,
+        if_match: condition,
+    };
+    ctx.write(call).await?;
     Ok(no_content())
 }
 

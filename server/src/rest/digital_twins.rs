@@ -80,11 +80,13 @@ async fn patch_handler(
     p.require_hub(Permission::ServiceConnect)?;
     let cond = cond.unwrap_or(IfMatch::Any);
     let now = ctx.clock.now();
-    let device = id.0.clone();
-    let outcome = ctx
-        .store
-        .run(move |s| s.patch_digital_twin(&device, None, &body, &cond, now))
-        .await?;
+    let call = crate::hub::calls::PatchDigitalTwin {
+        device_id: id.0.clone(),
+        patch: body,
+        if_match: cond,
+        now,
+    };
+    let outcome = ctx.write(call).await?;
     ctx.push_desired(&outcome);
     let mut response =
         warp::reply::with_status(warp::reply(), StatusCode::ACCEPTED).into_response();

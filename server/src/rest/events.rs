@@ -266,11 +266,11 @@ async fn list_groups_handler(ctx: Context, p: Principal) -> Handled {
 
 async fn create_group_handler(g: PathId, ctx: Context, p: Principal) -> Handled {
     require_service(&p)?;
-    let now = ctx.clock.now();
-    let name = g.0.clone();
-    ctx.store
-        .run(move |s| s.create_consumer_group(&name, now))
-        .await?;
+    let call = crate::hub::calls::CreateConsumerGroup {
+        name: g.0.clone(),
+        now: ctx.clock.now(),
+    };
+    ctx.write(call).await?;
     Ok(json_with_status(
         &serde_json::json!({ "name": g.0 }),
         StatusCode::CREATED,
@@ -279,8 +279,7 @@ async fn create_group_handler(g: PathId, ctx: Context, p: Principal) -> Handled 
 
 async fn delete_group_handler(g: PathId, ctx: Context, p: Principal) -> Handled {
     require_service(&p)?;
-    ctx.store
-        .run(move |s| s.delete_consumer_group(&g.0))
+    ctx.write(crate::hub::calls::DeleteConsumerGroup { name: g.0 })
         .await?;
     Ok(no_content())
 }
@@ -321,9 +320,12 @@ async fn put_checkpoint_handler(
         offset,
         updated: ctx.clock.now(),
     };
-    ctx.store
-        .run(move |s| s.set_checkpoint(&g.0, pid, &cp))
-        .await?;
+    let call = crate::hub::calls::SetCheckpoint {
+        group: g.0,
+        partition: pid,
+        checkpoint: cp,
+    };
+    ctx.write(call).await?;
     Ok(no_content())
 }
 

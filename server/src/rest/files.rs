@@ -111,11 +111,9 @@ async fn notify_handler(id: PathId, ctx: Context, p: Principal, body: UploadRepo
         description = body.status_description.as_deref().unwrap_or(""),
         "file upload reported"
     );
-    if let Some(n) = notification {
-        let settings = up.notification_settings;
-        ctx.store
-            .run(move |s| s.enqueue_file_notification(n, now, &settings))
-            .await?;
+    if let Some(notification) = notification {
+        let call = crate::hub::calls::EnqueueFileNotification { notification, now };
+        ctx.write(call).await?;
     }
     Ok(no_content())
 }

@@ -12,6 +12,7 @@ use super::identity_json::{self, BulkItemJson, DeviceJson, IdentityBody, ModuleJ
 use super::reply::{json, json_with_etag, json_with_status, no_content, one_of, Handled, Response};
 use super::{caller, if_match, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
+use crate::hub::calls;
 use crate::ids::Identity as ConnectedIdentity;
 
 /// Most devices `GET /devices` returns, as IoT Hub.
@@ -115,15 +116,44 @@ async fn put_handler(
     }
     let spec = body.to_spec()?;
     let now = ctx.clock.now();
-    let i = ctx
-        .store
-        .run(move |s| match (module, cond) {
-            (None, None) => s.create_device(&id.0, &spec, now),
-            (None, Some(c)) => s.update_device(&id.0, &spec, &c, now),
-            (Some(m), None) => s.create_module(&id.0, &m.0, &spec, now),
-            (Some(m), Some(c)) => s.update_module(&id.0, &m.0, &spec, &c),
-        })
-        .await?;
+    let device_id = id.0;
+    let i = match (module, cond) {
+        (None, None) => {
+            ctx.write(calls::CreateDevice {
+                device_id,
+                spec,
+                now,
+            })
+            .await
+        }
+        (None, Some(if_match)) => {
+            let call = calls::UpdateDevice {
+                device_id,
+                spec,
+                if_match,
+                now,
+            };
+            ctx.write(call).await
+        }
+        (Some(m), None) => {
+            let call = calls::CreateModule {
+                device_id,
+                module_id: m.0,
+                spec,
+                now,
+            };
+            ctx.write(call).await
+        }
+        (Some(m), Some(if_match)) => {
+            let call = calls::UpdateModule {
+                device_id,
+                module_id: m.0,
+                spec,
+                if_match,
+            };
+            ctx.write(call).await
+        }
+    }?;
     // REG-4: a disabled device loses its open connections (and its modules').
     if i.module_id.is_none() && i.status == ferrohub_engine::model::Status::Disabled {
         ctx.connections
@@ -141,13 +171,13 @@ async fn delete_handler(
     p.require_hub(Permission::RegistryWrite)?;
     let cond = cond.unwrap_or(IfMatch::Any);
     let who = connected_identity(&id, &module);
-    let at = ctx.clock.now();
-    ctx.store
-        .run(move |s| match module {
-            None => s.delete_device(&id.0, &cond, at),
-            Some(m) => s.delete_module(&id.0, &m.0, &cond, at),
-        })
-        .await?;
+    let call = calls::DeleteIdentity {
+        device_id: id.0,
+        module_id: module.map(|m| m.0),
+        if_match: cond,
+        now: ctx.clock.now(),
+    };
+    ctx.write(call).await?;
     ctx.connections.kick(&who);
     Ok(no_content())
 }
@@ -195,7 +225,9 @@ async fn bulk_handler(ctx: Context, p: Principal, items: Vec<BulkItemJson>) -> H
         })
         .map(|i| ConnectedIdentity::new(i.device_id.clone(), i.module_id.clone()))
         .collect();
-    let failed: Vec<BulkItemError> = ctx.store.run(move |s| s.bulk(&valid, now)).await?;
+    let failed: Vec<BulkItemError> = ctx
+        .write(calls::BulkIdentities { items: valid, now })
+        .await?;
     for who in to_kick {
         let failed_here = failed
             .iter()

@@ -19,7 +19,7 @@ use super::error::ApiError;
 use super::reply::{json, json_with_status, no_content, one_of, Handled, Response};
 use super::{caller, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
-use crate::hub::routes::{compile_stored, install};
+use crate::hub::calls::{ChangeRouting, CreateEndpoint, DeleteEndpoint, RoutingEdit};
 use crate::routing::RouteError;
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -109,30 +109,10 @@ fn config_json(c: &RoutingConfig, endpoints: Vec<EndpointJson>) -> serde_json::V
     })
 }
 
-/// Edits the stored configuration, refusing any result that does not compile, and installs it.
-async fn change(
-    ctx: &Context,
-    edit: impl FnOnce(&mut RoutingConfig) -> Result<(), RouteError> + Send + 'static,
-) -> Result<RoutingConfig, ApiError> {
-    let router = std::sync::Arc::clone(&ctx.routing);
-    let config = ctx
-        .store
-        .run(move |s| {
-            // Store and install under one lock: the live table is always the stored one's.
-            let _order = router.lock_changes();
-            let mut compiled = None;
-            let config = s.update_routing_config(|cfg| {
-                edit(cfg)?;
-                compiled = Some(compile_stored(cfg, s)?);
-                Ok::<_, RouteError>(())
-            })?;
-            if let Some(table) = compiled {
-                install(&router, table, s);
-            }
-            Ok::<_, RouteError>(config)
-        })
-        .await?;
-    Ok(config)
+/// Makes one change of the stored configuration (on the writer, which compiles, stores and
+/// installs it: see `hub::calls::ChangeRouting`).
+async fn change(ctx: &Context, edit: RoutingEdit) -> Result<RoutingConfig, ApiError> {
+    Ok(ctx.write(ChangeRouting { edit }).await?)
 }
 
 fn authorise(p: &Principal, write: bool) -> Result<(), ApiError> {
@@ -163,28 +143,13 @@ pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
     ])
 }
 
-/// Where the shared handlers find one kind of named item: what a "not found" calls it
-/// (`route`, `enrichment`), its list in the configuration, and its name.
-struct Place<T> {
-    kind: &'static str,
-    list: fn(&mut RoutingConfig) -> &mut Vec<T>,
-    name: fn(&T) -> &str,
-}
-
-impl<T> Place<T> {
-    const fn new(
-        kind: &'static str,
-        list: fn(&mut RoutingConfig) -> &mut Vec<T>,
-        name: fn(&T) -> &str,
-    ) -> Self {
-        Place { kind, list, name }
-    }
-}
-
 /// A named item of one of the configuration's lists (routes, enrichments): what the shared
 /// handlers need to add, replace or remove one.
 trait ListItem: Sized + Send + 'static {
-    const PLACE: Place<Self>;
+    /// The edit that adds it, or replaces the item of its name.
+    fn put(self) -> RoutingEdit;
+    /// The edit that removes the item called `name`.
+    fn delete(name: String) -> RoutingEdit;
     /// Its JSON shape, both ways.
     type Json: Serialize + DeserializeOwned + Send;
     fn to_json(&self) -> Self::Json;
@@ -193,7 +158,12 @@ trait ListItem: Sized + Send + 'static {
 }
 
 impl ListItem for Route {
-    const PLACE: Place<Self> = Place::new("route", |c| &mut c.routes, |r| &r.name);
+    fn put(self) -> RoutingEdit {
+        RoutingEdit::PutRoute(self)
+    }
+    fn delete(name: String) -> RoutingEdit {
+        RoutingEdit::DeleteRoute(name)
+    }
     type Json = RouteJson;
     fn to_json(&self) -> RouteJson {
         route_json(self)
@@ -216,7 +186,12 @@ impl ListItem for Route {
 }
 
 impl ListItem for Enrichment {
-    const PLACE: Place<Self> = Place::new("enrichment", |c| &mut c.enrichments, |e| &e.key);
+    fn put(self) -> RoutingEdit {
+        RoutingEdit::PutEnrichment(self)
+    }
+    fn delete(name: String) -> RoutingEdit {
+        RoutingEdit::DeleteEnrichment(name)
+    }
     type Json = EnrichmentJson;
     fn from_json(key: String, body: EnrichmentJson) -> Result<Self, ApiError> {
         Ok(Enrichment {
@@ -249,45 +224,21 @@ async fn put_item_handler<T: ListItem>(
     authorise(&p, true)?;
     let item = T::from_json(path.0, body)?;
     let answer = item.to_json();
-    let Place { list, name, .. } = T::PLACE;
-    change(&ctx, move |cfg| {
-        let items = list(cfg);
-        match items.iter_mut().find(|x| name(x) == name(&item)) {
-            Some(existing) => *existing = item,
-            None => items.push(item),
-        }
-        Ok(())
-    })
-    .await?;
+    change(&ctx, item.put()).await?;
     Ok(json(&answer))
 }
 
 /// Removes the item the path names; 404 when there is none.
 async fn delete_item_handler<T: ListItem>(path: PathId, ctx: Context, p: Principal) -> Handled {
     authorise(&p, true)?;
-    let Place { kind, list, name } = T::PLACE;
-    let wanted = path.0;
-    change(&ctx, move |cfg| {
-        let items = list(cfg);
-        let before = items.len();
-        items.retain(|x| name(x) != wanted);
-        if items.len() == before {
-            return Err(RouteError::NotFound(format!("{kind} {wanted}")));
-        }
-        Ok(())
-    })
-    .await?;
+    change(&ctx, T::delete(path.0)).await?;
     Ok(no_content())
 }
 
 async fn put_fallback_handler(ctx: Context, p: Principal, body: FallbackJson) -> Handled {
     authorise(&p, true)?;
     let on = body.is_enabled;
-    change(&ctx, move |cfg| {
-        cfg.fallback_enabled = on;
-        Ok(())
-    })
-    .await?;
+    change(&ctx, RoutingEdit::Fallback(on)).await?;
     Ok(json(&FallbackJson { is_enabled: on }))
 }
 
@@ -298,12 +249,12 @@ async fn put_endpoint_handler(
     body: EndpointJson,
 ) -> Handled {
     authorise(&p, true)?;
-    let n = name.0.clone();
-    let at = ctx.clock.now();
-    let e = ctx
-        .store
-        .run(move |s| s.create_endpoint(&n, body.partition_count, at))
-        .await?;
+    let call = CreateEndpoint {
+        name: name.0.clone(),
+        partitions: body.partition_count,
+        now: ctx.clock.now(),
+    };
+    let e = ctx.write(call).await?;
     let answer = EndpointJson {
         name: e.name,
         partition_count: e.slot.partitions,
@@ -313,7 +264,6 @@ async fn put_endpoint_handler(
 
 async fn delete_endpoint_handler(name: PathId, ctx: Context, p: Principal) -> Handled {
     authorise(&p, true)?;
-    let n = name.0.clone();
-    ctx.store.run(move |s| s.delete_endpoint(&n)).await?;
+    ctx.write(DeleteEndpoint { name: name.0 }).await?;
     Ok(no_content())
 }

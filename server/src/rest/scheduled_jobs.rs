@@ -223,11 +223,8 @@ fn job_of(id: String, body: &Value, now: UnixMillis) -> Result<ScheduledJob, Api
 async fn create(id: PathId, ctx: Context, p: Principal, body: Value) -> Handled {
     may_write(&p)?;
     let job = job_of(id.0, &body, ctx.clock.now())?;
-    let stored = job.clone();
-    ctx.store
-        .run(move |s| s.create_scheduled_job(&stored))
+    ctx.write(crate::hub::calls::CreateScheduledJob { job: job.clone() })
         .await?;
-    ctx.jobs.start(&ctx, job.id.clone());
     Ok(json(&job_json(&job)))
 }
 
@@ -239,11 +236,11 @@ async fn get(id: PathId, ctx: Context, p: Principal) -> Handled {
 
 async fn cancel(id: PathId, ctx: Context, p: Principal) -> Handled {
     may_write(&p)?;
-    let now = ctx.clock.now();
-    let job = ctx
-        .store
-        .run(move |s| s.cancel_scheduled_job(&id.0, now))
-        .await?;
+    let call = crate::hub::calls::CancelScheduledJob {
+        id: id.0,
+        now: ctx.clock.now(),
+    };
+    let job = ctx.write(call).await?;
     Ok(json(&job_json(&job)))
 }
 

@@ -30,6 +30,17 @@ async fn registry_statistics_handler(ctx: Context, p: Principal) -> Handled {
 async fn service_statistics_handler(ctx: Context, p: Principal) -> Handled {
     p.require_hub(Permission::ServiceConnect)?;
     Ok(json(
-        &serde_json::json!({ "connectedDeviceCount": ctx.connections.connected_devices() }),
+        &serde_json::json!({ "connectedDeviceCount": connected_devices(&ctx).await }),
     ))
+}
+
+/// Devices connected now: to this node, or in a cluster to every node that answers.
+async fn connected_devices(ctx: &Context) -> u64 {
+    match &ctx.live {
+        Some(live) => match live.connected_devices_everywhere().await {
+            Some(n) => n,
+            None => ctx.connections.connected_devices(),
+        },
+        None => ctx.connections.connected_devices(),
+    }
 }

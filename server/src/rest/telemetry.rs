@@ -140,7 +140,7 @@ async fn send_handler(
             if device.status == Status::Disabled {
                 return Err(RegistryError::Invalid(
                     ferrohub_engine::ValidationError::Invalid {
-                        field: "deviceId",
+                        field: "deviceId".into(),
                         reason: "the device is disabled".into(),
                     },
                 ));

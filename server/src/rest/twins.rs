@@ -95,16 +95,15 @@ async fn write_handler(
     let write = twin_write(&body)?;
     let cond = cond.unwrap_or(IfMatch::Any);
     let now = ctx.clock.now();
-    let outcome = ctx
-        .store
-        .run(move |s| {
-            let m = module.as_ref().map(|m| m.0.as_str());
-            match kind {
-                Write::Patch => s.update_twin(&device.0, m, &write, &cond, now),
-                Write::Replace => s.replace_twin(&device.0, m, &write, &cond, now),
-            }
-        })
-        .await?;
+    let call = crate::hub::calls::WriteTwin {
+        device_id: device.0,
+        module_id: module.map(|m| m.0),
+        write,
+        replace: matches!(kind, Write::Replace),
+        if_match: cond,
+        now,
+    };
+    let outcome = ctx.write(call).await?;
     ctx.push_desired(&outcome);
     Ok(json_with_etag(
         &twin_json(&outcome.twin),

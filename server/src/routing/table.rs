@@ -22,7 +22,7 @@ use super::query::{Condition, QueryError};
 use super::view::{EventView, NoTwins, TwinSource};
 
 /// Why a routing configuration is refused.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum RouteError {
     #[error("route {route}: condition {condition:?} is invalid: {error}")]
     BadCondition {

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use fe2o3_amqp::link::Sender;
 use fe2o3_amqp::types::messaging::Outcome;
-use ferrohub_engine::c2d::{Settle, TimerKind};
-use ferrohub_engine::UnixMillis;
+use ferrohub_engine::c2d::{Settle, Settled};
 
 use super::{messages, Attached};
 use crate::amqp::errors;
@@ -26,11 +25,12 @@ pub async fn serve(mut link: Sender, ctx: HubContext, attached: Arc<Attached>) {
     let who = attached.auth.who.clone();
     let device_id = who.device_id.clone();
     loop {
-        let (settings, at, id) = (ctx.c2d.settings, ctx.clock.now(), device_id.clone());
-        let next = ctx
-            .store
-            .run(move |s| s.receive_c2d(&id, 1, at, &settings))
-            .await;
+        let call = crate::hub::calls::ReceiveC2d {
+            device_id: device_id.to_string(),
+            max: 1,
+            now: ctx.clock.now(),
+        };
+        let next = ctx.write(call).await;
         let delivered = match next {
             Ok(mut d) => d.pop(),
             Err(e) => {
@@ -46,8 +46,6 @@ pub async fn serve(mut link: Sender, ctx: HubContext, attached: Arc<Attached>) {
                 _ = link.on_detach() => return,
             }
         };
-        ctx.c2d
-            .scheduled(TimerKind::Lock, UnixMillis(at.0 + settings.lock_timeout_ms));
         let token = LockToken::new(delivered.lock_token.clone());
         let sent = link
             .send(messages::c2d_delivery(&device_id, &delivered))
@@ -61,13 +59,18 @@ pub async fn serve(mut link: Sender, ctx: HubContext, attached: Arc<Attached>) {
                 (Settle::Abandon, false)
             }
         };
-        let (settings, at, id) = (ctx.c2d.settings, ctx.clock.now(), device_id.clone());
-        let settled = ctx
-            .store
-            .run(move |s| s.settle_c2d(&id, &token, action, at, &settings))
-            .await;
-        if let Err(e) = settled {
-            tracing::debug!(identity = %who, error = %e, ?action, "C2D settle refused");
+        let call = crate::hub::calls::SettleC2d {
+            device_id: device_id.to_string(),
+            lock_token: token.to_string(),
+            action,
+            now: ctx.clock.now(),
+        };
+        match ctx.write(call).await {
+            // An abandoned message is deliverable again: whichever connection of the device
+            // is receiving looks at the queue (as MQTT and HTTPS settles do).
+            Ok(Settled::Requeued) => ctx.connections.wake_c2d(&device_id),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(identity = %who, error = %e, ?action, "C2D settle refused"),
         }
         if !link_ok {
             return;

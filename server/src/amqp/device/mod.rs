@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use super::address::DeviceLink;
 use super::errors;
 use super::replies::Replies;
-use crate::hub::connection_state::{finish, stage_connection, Change};
+use crate::hub::connection_state::finish;
 use crate::hub::connections::{Outbound, Registration, OUTBOUND_QUEUE};
 use crate::hub::{AuthFailure, DeviceAuth, HubContext};
 use crate::ids::Identity;
@@ -98,16 +98,12 @@ impl DeviceLinks {
         }
         let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
         let registration = self.ctx.connections.register(who, tx);
-        let now = self.ctx.clock.now();
-        let connected = who.clone();
-        let staged = self
-            .ctx
-            .store
-            .run_quick(move |s| {
-                stage_connection(s, &connected, Change::Connected, now);
-                Ok::<(), ferrohub_engine::StorageError>(())
-            })
-            .await;
+        let call = crate::hub::calls::RecordConnection {
+            who: who.clone(),
+            connection: crate::hub::connection_state::connection_ref(&self.ctx, &registration),
+            now: self.ctx.clock.now(),
+        };
+        let staged = self.ctx.write(call).await;
         if let Err(e) = staged {
             tracing::warn!(error = %e, "cannot record connection state");
         }

@@ -8,13 +8,13 @@
 //! - A batch transfer is one unit: all of its messages are stored, or it is rejected whole.
 //!   Its size is bounded by the link's max-message-size, the limit of one message.
 //! - Dispositions of an append's transfers go out together (one frame per run of consecutive
-//!   delivery ids), after the append is durable.
+//!   delivery ids), after the append is durable; appends durable by the same time share them.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use fe2o3_amqp::link::delivery::Delivery;
+use fe2o3_amqp::link::delivery::{Delivery, DeliveryInfo};
 use fe2o3_amqp::link::Receiver;
 use fe2o3_amqp::types::definitions::Error;
 use fe2o3_amqp::types::messaging::message::DecodeIntoMessage;
@@ -31,9 +31,9 @@ use crate::amqp::message::BadMessage;
 use crate::hub::HubContext;
 use crate::telemetry::{self, DeviceMessage};
 
-/// A transfer waiting for its write, and the write's result.
-type Stored =
-    Pin<Box<dyn Future<Output = (Vec<Delivery<Body<Value>>>, Result<(), String>)> + Send>>;
+/// The transfers of an append waiting for its write (only what settles them: their
+/// messages are stored by then), and the write's result.
+type Stored = Pin<Box<dyn Future<Output = (Vec<DeliveryInfo>, Result<(), String>)> + Send>>;
 
 /// Most transfers appended together.
 const BURST: usize = 64;
@@ -51,14 +51,25 @@ pub async fn serve(mut link: Receiver, ctx: HubContext, attached: Arc<Attached>)
     let mut pending: FuturesUnordered<Stored> = FuturesUnordered::new();
     loop {
         tokio::select! {
-            Some((deliveries, stored)) = pending.next(), if !pending.is_empty() => {
-                let settled = match &stored {
-                    Ok(()) => link.accept_all(&deliveries).await,
-                    Err(e) => {
-                        tracing::warn!(identity = %who, error = %e, "AMQP telemetry not stored");
-                        link.reject_all(&deliveries, errors::internal(e)).await
+            Some(first) = pending.next(), if !pending.is_empty() => {
+                // Appends that became durable together are accepted together: one
+                // disposition for their run of delivery ids instead of one per append.
+                let mut accepted = Vec::new();
+                let mut next = Some(first);
+                let mut settled = Ok(());
+                while let Some((deliveries, stored)) = next.take() {
+                    match stored {
+                        Ok(()) => accepted.extend(deliveries),
+                        Err(e) => {
+                            tracing::warn!(identity = %who, error = %e, "AMQP telemetry not stored");
+                            settled = settled.and(link.reject_all(deliveries, errors::internal(&e)).await);
+                        }
                     }
-                };
+                    next = pending.next().now_or_never().flatten();
+                }
+                if !accepted.is_empty() {
+                    settled = settled.and(link.accept_all(accepted).await);
+                }
                 if settled.is_err() {
                     break;
                 }
@@ -81,7 +92,7 @@ pub async fn serve(mut link: Receiver, ctx: HubContext, attached: Arc<Attached>)
                     match admit(&ctx, &attached, &mut mark, &delivery).await {
                         Ok(admitted) => {
                             events.extend(admitted);
-                            deliveries.push(delivery);
+                            deliveries.push(DeliveryInfo::from(delivery));
                         }
                         Err(error) => {
                             if link.reject(&delivery, error).await.is_err() {

@@ -118,12 +118,8 @@ async fn answer(
                 _ => return (400, None, error_body("the reported patch must be a JSON object")),
             };
             let now = ctx.clock.now();
-            let result = ctx
-                .store
-                .run_then(move |s, done| {
-                    s.patch_reported_then(&who.device_id, who.module_id.as_deref(), &patch, now, done)
-                })
-                .await;
+            let call = crate::hub::calls::PatchReported::by(&who, patch, now);
+            let result = ctx.write(call).await;
             match result {
                 Ok(version) => (204, Some(version), Vec::new()),
                 Err(e) => (

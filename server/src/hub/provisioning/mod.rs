@@ -199,7 +199,11 @@ impl Provisioning {
     ///
     /// # Errors
     /// [`DpsFailure`]: unauthorized (nothing admits it), a malformed request, storage.
-    pub async fn register(&self, request: RegisterRequest) -> Result<Operation, DpsFailure> {
+    pub async fn register(
+        &self,
+        ctx: &super::HubContext,
+        request: RegisterRequest,
+    ) -> Result<Operation, DpsFailure> {
         self.check_target(&request.id_scope, &request.registration_id)?;
         let operation_id = new_operation_id();
         let payload = request
@@ -224,10 +228,9 @@ impl Provisioning {
                 assigned_hub: self.host_name.clone(),
             };
             let now = self.clock.now();
-            let result = self
-                .store
-                .run(move |s| Ok::<_, StorageError>(s.assign_registration(assignment, now)))
-                .await?;
+            let result = ctx
+                .write(super::calls::AssignRegistration { assignment, now })
+                .await;
             match result {
                 Ok(record) => break OperationState::Assigned(Box::new(record)),
                 Err(ProvisioningError::EnrollmentChanged(_)) if tries < 2 => continue,

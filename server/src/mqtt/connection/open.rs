@@ -20,7 +20,7 @@ use super::{
     Answers, Connection, Delivery, MqttCodec, PeerInfo, Registration, SettleMode, TelemetryBurst,
     BUFFER_START, MAX_KEEP_ALIVE_TIMEOUT, MAX_PACKET, WRITE_BATCH,
 };
-use crate::hub::connection_state::{finish, stage_connection, Change};
+use crate::hub::connection_state::finish;
 use crate::hub::connections::OUTBOUND_QUEUE;
 use crate::hub::HubContext;
 use crate::mqtt::authenticate::{authenticate, model_id_of};
@@ -127,15 +127,12 @@ where
     // A model id the identity does not have yet is stored, durably, before the CONNACK; the
     // same one again costs nothing. A connection without one leaves the stored one alone.
     if let Some(model) = model_id.filter(|m| auth.record.model_id.as_ref() != Some(m)) {
-        let (d, m) = (
-            auth.who.device_id.to_string(),
-            auth.who.module().map(str::to_string),
-        );
-        let stored_model = model.clone();
-        let stored = ctx
-            .store
-            .run(move |s| s.set_model_id(&d, m.as_deref(), &stored_model))
-            .await;
+        let call = crate::hub::calls::SetModelId {
+            device_id: auth.who.device_id.to_string(),
+            module_id: auth.who.module().map(str::to_string),
+            model_id: model.clone(),
+        };
+        let stored = ctx.write(call).await;
         if let Err(e) = stored {
             tracing::warn!(client_id = connect.client_identifier(), error = %e, "cannot store the model id; CONNECT refused");
             return refuse(&mut framed, ConnectReturnCode::ServiceUnavailable).await;
@@ -152,21 +149,13 @@ where
     // to wait: a trip to a blocking thread is two thread wake-ups, which cost a connect more
     // than the engine work itself (issue 19). The state is the call's one write, and its last.
     let stored = {
-        let id = client_id.clone();
-        let who = auth.who.clone();
-        let now = ctx.clock.now();
-        ctx.store
-            .run_quick(move |s| {
-                let session = if persistent {
-                    s.load_session(&id)?
-                } else {
-                    s.delete_session(&id)?;
-                    None
-                };
-                stage_connection(s, &who, Change::Connected, now);
-                Ok::<_, ferrohub_engine::StorageError>(session)
-            })
-            .await
+        let call = crate::hub::calls::OpenSession {
+            who: auth.who.clone(),
+            persistent,
+            connection: crate::hub::connection_state::connection_ref(&ctx, &registration),
+            now: ctx.clock.now(),
+        };
+        ctx.write(call).await
     };
     let (session, present) = match stored {
         Ok(Some(s)) => (s, true),

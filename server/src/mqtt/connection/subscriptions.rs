@@ -69,11 +69,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
         if !self.persistent {
             return None;
         }
-        let id = self.auth.who.client_id();
-        let session = self.session.clone();
+        let call = crate::hub::calls::SaveSession {
+            client_id: self.auth.who.client_id().to_string(),
+            session: self.session.clone(),
+        };
         self.ctx
-            .store
-            .run(move |s| s.save_session(&id, &session))
+            .write(call)
             .await
             .err()
             .map(|e| End::StoreFailed(e.to_string()))

@@ -182,18 +182,33 @@ async fn create_handler(ctx: Context, p: Principal, body: CreateJob) -> Handled 
         errors: 0,
         cancel_requested: false,
     };
-    let stored = job.clone();
-    ctx.store
-        .run(move |s| s.create_job(&stored).map_err(ApiError::from))
-        .await?;
     tracing::info!(job = %job.id, kind = kind_name(kind), output = %output.shown(), "import/export job queued");
-    tokio::spawn(runner::run(
-        ctx.clone(),
-        job.clone(),
-        input.map(|(_, c)| c),
-        output,
-    ));
+    ctx.write(crate::hub::calls::CreateJob { job: job.clone() })
+        .await?;
     Ok(json(&job_json(&job)))
+}
+
+/// Starts the runner of a stored, queued job (on the node that writes: see
+/// `hub::calls::CreateJob`), its blob containers opened again from the URIs it records.
+pub fn start_runner(ctx: &Context, job: JobRecord) {
+    let output = match BlobContainer::parse(&job.output_container) {
+        Ok(c) => c,
+        Err(e) => {
+            return tracing::error!(job = %job.id, error = %e, "the job's output container does not parse")
+        }
+    };
+    let input = match job
+        .input_container
+        .as_deref()
+        .map(BlobContainer::parse)
+        .transpose()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            return tracing::error!(job = %job.id, error = %e, "the job's input container does not parse")
+        }
+    };
+    tokio::spawn(runner::run(ctx.clone(), job, input, output));
 }
 
 async fn list_handler(ctx: Context, p: Principal) -> Handled {
@@ -215,20 +230,11 @@ async fn get_handler(id: PathId, ctx: Context, p: Principal) -> Handled {
 /// stands (`running` until the runner reaches its next step).
 async fn cancel_handler(id: PathId, ctx: Context, p: Principal) -> Handled {
     p.require_hub(Permission::RegistryWrite)?;
-    let now = ctx.clock.now();
-    let job = ctx
-        .store
-        .run(move |s| {
-            s.update_job(&id.0, |j| {
-                j.cancel_requested = true;
-                if j.status == JobStatus::Queued {
-                    j.status = JobStatus::Cancelled;
-                    j.ended = Some(now);
-                }
-            })
-            .map_err(ApiError::from)
-        })
-        .await?;
+    let call = crate::hub::calls::CancelJob {
+        id: id.0,
+        now: ctx.clock.now(),
+    };
+    let job = ctx.write(call).await?;
     tracing::info!(job = %job.id, "import/export job cancel requested");
     Ok(json(&job_json(&job)))
 }

@@ -131,7 +131,7 @@ async fn register(
     }
     let payload = body.get("payload").cloned();
     let request = request(id_scope, rid, credential, payload)?;
-    let op = ctx.provisioning.register(request).await?;
+    let op = ctx.provisioning.register(&ctx, request).await?;
     Ok(with_retry_after(json_with_status(
         &status_json::operation(&op),
         StatusCode::ACCEPTED,

@@ -246,11 +246,12 @@ async fn put_enrollment(
     };
     let write = parse_enrollment(&body, kind, &id, previous.as_ref())
         .map_err(|e| bad_request(e.to_string()))?;
-    let now = ctx.clock.now();
-    let stored = run(&ctx, move |s| {
-        s.put_enrollment(write, if_match.as_ref(), now)
-    })
-    .await?;
+    let call = crate::hub::calls::PutEnrollment {
+        write,
+        if_match,
+        now: ctx.clock.now(),
+    };
+    let stored = ctx.write(call).await.map_err(engine_error)?;
     let state = match kind {
         EnrollmentKind::Individual => registration_state_of(&ctx, &id).await?,
         EnrollmentKind::Group => None,
@@ -286,8 +287,12 @@ async fn delete_enrollment(
     kind: EnrollmentKind,
     if_match: Option<IfMatch>,
 ) -> Handled {
-    let m = if_match.unwrap_or(IfMatch::Any);
-    run(&ctx, move |s| s.delete_enrollment(kind, &id, &m)).await?;
+    let call = crate::hub::calls::DeleteEnrollment {
+        kind,
+        id,
+        if_match: if_match.unwrap_or(IfMatch::Any),
+    };
+    ctx.write(call).await.map_err(engine_error)?;
     Ok(no_content())
 }
 
@@ -395,8 +400,11 @@ async fn bulk(ctx: Context, kind: EnrollmentKind, body: Value) -> Handled {
         });
         writes.push((mode, write, etag));
     }
-    let now = ctx.clock.now();
-    let errors = run(&ctx, move |s| s.bulk_enrollments(writes, now)).await?;
+    let call = crate::hub::calls::BulkEnrollments {
+        items: writes,
+        now: ctx.clock.now(),
+    };
+    let errors = ctx.write(call).await.map_err(engine_error)?;
     let errors: Vec<Value> = errors
         .into_iter()
         .map(|e| {
@@ -423,8 +431,11 @@ async fn delete_registration(
     ctx: Context,
     if_match: Option<IfMatch>,
 ) -> Handled {
-    let m = if_match.unwrap_or(IfMatch::Any);
-    run(&ctx, move |s| s.delete_registration(&id, &m)).await?;
+    let call = crate::hub::calls::DeleteRegistration {
+        id,
+        if_match: if_match.unwrap_or(IfMatch::Any),
+    };
+    ctx.write(call).await.map_err(engine_error)?;
     Ok(no_content())
 }
 

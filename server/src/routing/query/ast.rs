@@ -205,7 +205,7 @@ impl Func {
         };
         Err(QueryError::Arity {
             pos,
-            function: self.name(),
+            function: self.name().into(),
             expected,
             given,
         })

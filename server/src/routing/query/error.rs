@@ -5,7 +5,7 @@
 //! ArgumentInvalid) and are asserted verbatim in tests, so changing one is a behaviour change.
 
 /// Why a condition was refused; every message starts with the character offset.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum QueryError {
     #[error("at {pos}: the condition is empty")]
     Empty { pos: usize },
@@ -43,7 +43,7 @@ pub enum QueryError {
     #[error("at {pos}: {function} takes {expected} but was given {given}")]
     Arity {
         pos: usize,
-        function: &'static str,
+        function: std::borrow::Cow<'static, str>,
         expected: String,
         given: usize,
     },

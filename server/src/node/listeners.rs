@@ -1,0 +1,308 @@
+//! A node's listeners: binding them, serving the hub on them until shutdown, and the drain.
+//!
+//! # Invariants
+//! - Listeners are bound before the hub's services start, so a port in use fails the start
+//!   before anything runs.
+//! - Shutdown stops accepting first, then waits (up to [`DRAIN_TIMEOUT`]) for open
+//!   connections, then closes the store; the operations listener (when it runs) answers
+//!   "not ready" for at least [`READINESS_LINGER`] of that.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrohub_engine::hub::HubSettings;
+use ferrohub_engine::Store;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use warp::Filter;
+
+use super::{
+    db_path, event_hubs_connection_string, policy_connection_string,
+    provisioning_connection_string, store_config, NodeError, Opened, Services,
+};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::hub::{self, cluster::Cluster};
+use crate::rest;
+use crate::tls::{self, TlsPaths};
+use crate::transport::lean_tls::LeanTlsAcceptor;
+use crate::transport::{amqp_tls, https, mqtt_tls};
+
+/// How long shutdown waits for open connections before closing the store anyway.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long the operations listener keeps answering (503) after readiness went false, at
+/// least: a drain that ends sooner waits out the rest.
+const READINESS_LINGER: Duration = Duration::from_millis(500);
+
+/// Binds a listener; an IPv6 address listens dual-stack (IPV6_V6ONLY off). On a host without
+/// IPv6, the unspecified `[::]` falls back to `0.0.0.0` on the same port.
+pub(super) async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {
+    match listen(addr) {
+        Err(e) if addr.is_ipv6() && addr.ip().is_unspecified() => {
+            let v4 = SocketAddr::from(([0, 0, 0, 0], addr.port()));
+            tracing::warn!(%addr, error = %e, fallback = %v4, "no IPv6 here; listening on IPv4 only");
+            listen(v4)
+        }
+        other => other,
+    }
+    .map_err(|e| NodeError::Bind {
+        addr,
+        reason: e.to_string(),
+    })
+}
+
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
+}
+
+fn local(l: &TcpListener) -> Result<SocketAddr, NodeError> {
+    l.local_addr().map_err(|e| NodeError::Other(e.to_string()))
+}
+
+/// The client listeners, bound.
+struct Bound {
+    https: TcpListener,
+    mqtt: TcpListener,
+    amqp: TcpListener,
+    quic: quinn::Endpoint,
+}
+
+impl Bound {
+    async fn bind(config: &Config, paths: &TlsPaths) -> Result<Bound, NodeError> {
+        let https = bind(config.listeners.https).await?;
+        let mqtt = bind(config.listeners.mqtt).await?;
+        let amqp = bind(config.listeners.amqp).await?;
+        let quic = crate::transport::mqtt_quic::endpoint(config.listeners.mqtt_quic, paths)
+            .map_err(|e| NodeError::Other(e.to_string()))?;
+        Ok(Bound {
+            https,
+            mqtt,
+            amqp,
+            quic,
+        })
+    }
+}
+
+fn print_banner(data_dir: &Path, hub: &HubSettings) {
+    println!(
+        "Initialised hub {:?} in {}",
+        hub.hub_name,
+        data_dir.display()
+    );
+    println!("CA certificate: {}", TlsPaths::new(data_dir).ca().display());
+    for p in &hub.policies {
+        if let Some(cs) = policy_connection_string(hub, &p.name) {
+            println!("{cs}");
+        }
+    }
+    // Event Hubs clients read the built-in endpoint with ServiceConnect.
+    if let Some(cs) = event_hubs_connection_string(hub, "service") {
+        println!("Event Hubs-compatible endpoint: {cs}");
+    }
+    if let (Some(cs), Some(p)) = (
+        provisioning_connection_string(hub, "provisioningserviceowner"),
+        &hub.provisioning,
+    ) {
+        println!("Provisioning service (ID scope {}): {cs}", p.id_scope);
+    }
+}
+
+/// Serves `opened` (a single node, or a cluster's writer when `cluster` says so) until
+/// `shutdown` is cancelled, then drains and closes the store.
+pub(super) async fn serve_store(
+    data_dir: &Path,
+    config: &Config,
+    opened: Opened,
+    shutdown: CancellationToken,
+    cluster: Option<Arc<Cluster>>,
+) -> Result<(), NodeError> {
+    let Opened {
+        store,
+        hub,
+        first_start,
+        clock,
+        recovery,
+    } = opened;
+    if first_start {
+        print_banner(data_dir, &hub);
+    }
+    let bound = Bound::bind(config, &TlsPaths::new(data_dir)).await?;
+    let services = Services::start_in(store, hub, config, clock, &shutdown, cluster).await?;
+    let recovery = recovery.then(|| {
+        tokio::spawn(hub::storage_recovery::run(
+            services.ctx.store.clone(),
+            hub::storage_recovery::Recovery {
+                data_dir: data_dir.to_path_buf(),
+                db_dir: db_path(data_dir),
+                config: store_config(config),
+                indexed_paths: config.query.indexed_paths.clone(),
+                probe_bytes: (config.storage.recovery_free_space_mb as usize) << 20,
+            },
+            shutdown.clone(),
+        ))
+    });
+    serve_services(data_dir, config, bound, services, recovery, true, shutdown).await
+}
+
+/// Serves a cluster follower's hub over its replica's `store` (writes go to the writer)
+/// until `shutdown`. `serving` hears the hub's context once it serves.
+pub(super) async fn serve_follower(
+    data_dir: &Path,
+    config: &Config,
+    store: Arc<Store>,
+    hub: HubSettings,
+    cluster: Arc<Cluster>,
+    serving: impl FnOnce(&hub::HubContext),
+    shutdown: CancellationToken,
+) -> Result<(), NodeError> {
+    let bound = Bound::bind(config, &TlsPaths::new(data_dir)).await?;
+    let services = Services::start_in(
+        store,
+        hub,
+        config,
+        Clock::system(),
+        &shutdown,
+        Some(cluster),
+    )
+    .await?;
+    serving(&services.ctx);
+    // The operations listener is the writer's alone: `run-cluster.sh --writer` and health
+    // checks that follow the writer find it by it.
+    serve_services(data_dir, config, bound, services, None, false, shutdown).await
+}
+
+/// Runs the listeners over `services` until `shutdown`, then drains and closes the store.
+async fn serve_services(
+    data_dir: &Path,
+    config: &Config,
+    bound: Bound,
+    services: Services,
+    recovery: Option<tokio::task::JoinHandle<()>>,
+    with_ops: bool,
+    shutdown: CancellationToken,
+) -> Result<(), NodeError> {
+    let paths = TlsPaths::new(data_dir);
+    let ctx = services.ctx.clone();
+    let (https_addr, mqtt_addr) = (local(&bound.https)?, local(&bound.mqtt)?);
+    let amqp_addr = local(&bound.amqp)?;
+    let quic_addr = bound
+        .quic
+        .local_addr()
+        .map_err(|e| NodeError::Other(format!("QUIC endpoint address: {e}")))?;
+    let console_node = crate::console::NodeInfo {
+        node: config
+            .cluster
+            .enabled()
+            .then(|| config.cluster.node.clone()),
+        started: chrono::Utc::now(),
+    };
+    let readiness = crate::transport::ops::Readiness::default();
+    // The ops listener outlives the drain, so readiness can be seen going false.
+    let ops_stop = CancellationToken::new();
+    let ops = if with_ops {
+        let (addr, task) = crate::transport::ops::serve(
+            config.listeners.metrics,
+            ctx.clone(),
+            readiness.clone(),
+            ops_stop.clone(),
+        )
+        .map_err(|reason| NodeError::Bind {
+            addr: config.listeners.metrics,
+            reason,
+        })?;
+        println!("listening metrics={addr}");
+        Some(task)
+    } else {
+        None
+    };
+    let tracker = TaskTracker::new();
+    let listeners = vec![
+        tokio::spawn(https::serve(
+            bound.https,
+            config.timeouts,
+            TlsAcceptor::from(tls::server_config(&paths)?),
+            // WebSocket upgrades first, then the console under /console/: the REST table
+            // answers every other path.
+            crate::transport::ws::routes(ctx.clone())
+                .or(crate::console::routes(ctx.clone(), console_node.clone()))
+                .unify()
+                .or(rest::routes(ctx.clone()))
+                .unify()
+                .boxed(),
+            shutdown.clone(),
+            tracker.clone(),
+        )),
+        tokio::spawn(mqtt_tls::serve(
+            bound.mqtt,
+            config.listeners.mqtt_max_connections,
+            LeanTlsAcceptor::new(tls::mqtt_server_config(&paths)?),
+            ctx.clone(),
+            shutdown.clone(),
+            tracker.clone(),
+        )),
+        tokio::spawn(amqp_tls::serve(
+            bound.amqp,
+            TlsAcceptor::from(tls::server_config(&paths)?),
+            ctx.clone(),
+            shutdown.clone(),
+            tracker.clone(),
+        )),
+        tokio::spawn(crate::transport::mqtt_quic::serve(
+            bound.quic,
+            ctx.clone(),
+            shutdown.clone(),
+            tracker.clone(),
+        )),
+    ];
+    // Tests and scripts read these lines to learn the bound addresses; https comes last.
+    println!("listening mqtt={mqtt_addr}");
+    println!("listening amqp={amqp_addr}");
+    println!("listening mqtt-quic={quic_addr}");
+    println!("listening https={https_addr}");
+    tracing::info!(%https_addr, %mqtt_addr, %amqp_addr, "listening");
+    readiness.set(true);
+    shutdown.cancelled().await;
+    readiness.set(false);
+    let not_ready_since = tokio::time::Instant::now();
+    tracing::info!("shutting down: no new connections; draining");
+    for t in listeners {
+        let _ = t.await;
+    }
+    services.join().await;
+    if let Some(recovery) = recovery {
+        let _ = recovery.await;
+    }
+    tracker.close();
+    if tokio::time::timeout(DRAIN_TIMEOUT, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the drain timeout; closing anyway");
+    }
+    ctx.store
+        .close()
+        .await
+        .map_err(|e| NodeError::Other(e.to_string()))?;
+    tracing::info!("store closed");
+    if let Some(ops) = ops {
+        // A readiness probe needs a moment to see "not ready" before the listener goes away.
+        tokio::time::sleep_until(not_ready_since + READINESS_LINGER).await;
+        ops_stop.cancel();
+        let _ = ops.await;
+    }
+    Ok(())
+}

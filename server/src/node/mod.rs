@@ -1,0 +1,379 @@
+//! A hub node: initialise the data directory on first start (P-2), serve, and shut down
+//! cleanly (P-7).
+//!
+//! Layout of a data directory: `db/` (the RocksDB database), `tls/` (see [`crate::tls`]).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ferrohub_engine::c2d::TimerKind;
+use ferrohub_engine::hub::HubSettings;
+use ferrohub_engine::provisioning::ProvisioningSettings;
+use ferrohub_engine::{Durability, HubError, OpenError, Store, StoreConfig};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::config::{Config, ConfigError, DurabilitySetting};
+use crate::hub::{self, Authenticator, Connections, D2cNotify, HubContext, HubParts, StoreHandle};
+use crate::rest;
+use crate::tls::{self, TlsError, TlsPaths};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("cannot open the store: {0}")]
+    Open(#[from] OpenError),
+    #[error("hub settings: {0}")]
+    Hub(#[from] HubError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Displayed with its cause by the `{:#}` chain in `main`.
+    #[error("routing configuration")]
+    Routing(#[from] crate::routing::RouteError),
+    #[error("cannot listen on {addr}: {reason}")]
+    Bind { addr: SocketAddr, reason: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+mod cluster;
+mod listeners;
+
+use cluster::serve_cluster;
+use listeners::serve_store;
+
+pub fn db_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("db")
+}
+
+/// `HostName=...;SharedAccessKeyName=...;SharedAccessKey=...` for one policy.
+pub fn policy_connection_string(hub: &HubSettings, policy: &str) -> Option<String> {
+    let p = hub.policy(policy)?;
+    Some(format!(
+        "HostName={};SharedAccessKeyName={};SharedAccessKey={}",
+        hub.host_name, p.name, p.primary_key
+    ))
+}
+
+/// The provisioning service's connection string for one of its policies (DPS-5).
+pub fn provisioning_connection_string(hub: &HubSettings, policy: &str) -> Option<String> {
+    let p = hub.provisioning.as_ref()?.policy(policy)?;
+    Some(format!(
+        "HostName={};SharedAccessKeyName={};SharedAccessKey={}",
+        hub.host_name, p.name, p.primary_key
+    ))
+}
+
+/// The built-in endpoint's Event Hubs-compatible connection string for one policy:
+/// `Endpoint=sb://{host}/;SharedAccessKeyName=...;SharedAccessKey=...;EntityPath={hub name}`.
+pub fn event_hubs_connection_string(hub: &HubSettings, policy: &str) -> Option<String> {
+    let p = hub.policy(policy)?;
+    Some(format!(
+        "Endpoint=sb://{}/;SharedAccessKeyName={};SharedAccessKey={};EntityPath={}",
+        hub.host_name, p.name, p.primary_key, hub.hub_name
+    ))
+}
+
+/// The stored hub settings, initialising the hub (policies with new keys) on first start.
+/// Returns the settings and whether this call initialised the hub.
+///
+/// # Errors
+/// [`NodeError::Hub`] when the settings cannot be read or written.
+pub fn initialise_settings(
+    store: &Store,
+    config: &Config,
+    clock: &Clock,
+) -> Result<(HubSettings, bool), NodeError> {
+    let existing = store.hub_settings()?;
+    let first_start = existing.is_none();
+    let hub = match existing {
+        Some(h) => {
+            if h.host_name != config.hub.host_name {
+                tracing::warn!(stored = %h.host_name, configured = %config.hub.host_name,
+                    "host name is fixed at initialisation; using the stored one");
+            }
+            if h.provisioning.is_none() {
+                // A hub initialised before provisioning existed gets its ID scope now, once.
+                let with_scope = HubSettings {
+                    provisioning: Some(ProvisioningSettings::generate()),
+                    ..h
+                };
+                store.replace_hub_settings(with_scope.clone())?;
+                with_scope
+            } else {
+                h
+            }
+        }
+        None => store.initialise_hub(HubSettings {
+            hub_name: config.hub.name.clone(),
+            host_name: config.hub.host_name.clone(),
+            policies: HubSettings::default_policies(),
+            created: clock.now(),
+            provisioning: Some(ProvisioningSettings::generate()),
+        })?,
+    };
+    Ok((hub, first_start))
+}
+
+/// Opens the store and makes sure the hub and its TLS material exist. Returns the store, the
+/// settings, and whether this call initialised the hub. Blocking: call it before serving or
+/// on the blocking pool.
+/// The engine settings the configuration asks for.
+fn store_config(config: &Config) -> StoreConfig {
+    StoreConfig {
+        durability: match config.storage.durability {
+            DurabilitySetting::Synced => Durability::Synced,
+            DurabilitySetting::Relaxed => Durability::Relaxed,
+        },
+        d2c_partitions: config.d2c.partitions,
+        ..StoreConfig::default()
+    }
+}
+
+pub fn initialise(
+    data_dir: &Path,
+    config: &Config,
+    clock: &Clock,
+) -> Result<(Arc<Store>, HubSettings, bool), NodeError> {
+    let store = Store::open(&db_path(data_dir), store_config(config))?;
+    let (hub, first_start) = initialise_settings(&store, config, clock)?;
+    tls::ensure_material(&TlsPaths::new(data_dir), &hub.hub_name, &hub.host_name)?;
+    Ok((Arc::new(store), hub, first_start))
+}
+
+/// The hub without its listeners: the shared context, and the background tasks (C2D
+/// deadlines, the event router, retention) that run until the shutdown token is cancelled.
+pub struct Services {
+    pub ctx: HubContext,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Services {
+    /// Applies the configuration's routing section, loads the routing table, and starts the
+    /// background tasks.
+    ///
+    /// # Errors
+    /// [`NodeError::Routing`] when the routing configuration does not compile.
+    pub async fn start(
+        store: Arc<Store>,
+        settings: HubSettings,
+        config: &Config,
+        clock: Clock,
+        shutdown: &CancellationToken,
+    ) -> Result<Services, NodeError> {
+        Self::start_in(store, settings, config, clock, shutdown, None).await
+    }
+
+    /// [`Services::start`] for a cluster node: the writer runs the hub's background tasks and
+    /// takes the followers' calls; a follower only reads its replica and forwards its writes.
+    ///
+    /// # Errors
+    /// As [`Services::start`].
+    pub async fn start_in(
+        store: Arc<Store>,
+        settings: HubSettings,
+        config: &Config,
+        clock: Clock,
+        shutdown: &CancellationToken,
+        cluster: Option<Arc<hub::cluster::Cluster>>,
+    ) -> Result<Services, NodeError> {
+        let follower = cluster.as_deref().is_some_and(|c| c.is_follower());
+        let mut handle = StoreHandle::new(Arc::clone(&store));
+        if clock.follows_tokio() {
+            handle.wait_on_pool();
+        }
+        let notifications_wake = Arc::new(tokio::sync::Notify::new());
+        let (routing, next_sequences) = {
+            let (section, hub_name, now) = (
+                config.routing.clone(),
+                settings.hub_name.clone(),
+                clock.now(),
+            );
+            let indexed = config.query.indexed_paths.clone();
+            let wake = Arc::clone(&notifications_wake);
+            handle
+                .run(move |s| {
+                    if follower {
+                        // The writer applies the configuration; a follower reads what it made.
+                        let router = hub::routes::load_router(s, &hub_name)?;
+                        let next: Vec<u64> = (0..ferrohub_engine::d2c::MAX_PARTITIONS)
+                            .map(|p| s.next_sequence_number(p).unwrap_or(0))
+                            .collect();
+                        return Ok((router, next));
+                    }
+                    hub::routes::apply_config(s, &section, now)?;
+                    // Before anything serves: a rebuild must not race writers.
+                    if s.define_twin_index(indexed)? {
+                        tracing::info!("twin query index rebuilt for the configured paths");
+                    }
+                    // Jobs a stopped hub left running are failed now, with how far they got.
+                    crate::rest::jobs::fail_interrupted(s, now)?;
+                    let router = hub::routes::load_router(s, &hub_name)?;
+                    s.set_notification_hook(Box::new(move || wake.notify_one()));
+                    let next: Vec<u64> = (0..ferrohub_engine::d2c::MAX_PARTITIONS)
+                        .map(|p| s.next_sequence_number(p).unwrap_or(0))
+                        .collect();
+                    Ok::<_, crate::routing::RouteError>((router, next))
+                })
+                .await?
+        };
+        let settings = Arc::new(settings);
+        let uploads = match &config.file_upload {
+            Some(section) => Some(
+                hub::file_uploads::FileUploads::new(section)
+                    .map_err(|e| NodeError::Other(format!("file_upload: {e}")))?,
+            ),
+            None => None,
+        };
+        let connections = Connections::new();
+        let methods: Arc<hub::methods::PendingCalls> = Arc::default();
+        let live = cluster.as_ref().map(|c| {
+            let live = hub::live::LiveReach::new(
+                Arc::clone(c),
+                &connections,
+                Arc::clone(&methods),
+                handle.clone(),
+            );
+            connections.set_reach(live.clone());
+            live
+        });
+        let readers = hub::PartitionReaders::default();
+        let ctx = HubContext::new(HubParts {
+            auth: Authenticator::new(handle.clone(), Arc::clone(&settings), clock.clone()),
+            provisioning: hub::provisioning::Provisioning::new(
+                handle.clone(),
+                &settings,
+                clock.clone(),
+            ),
+            store: handle,
+            settings,
+            clock,
+            connections,
+            d2c: Arc::new(D2cNotify::new(next_sequences)),
+            readers: readers.clone(),
+            readers_everywhere: cluster
+                .as_ref()
+                .map(|c| hub::readers_everywhere::ReadersEverywhere::new(c.bus.clone(), readers)),
+            methods,
+            c2d: hub::c2d::C2d::new(config.c2d.queue_settings()),
+            routing: Arc::new(routing),
+            throttles: Arc::new(hub::throttle::Throttles::new(&config.throttling)),
+            uploads,
+            jobs: hub::scheduled_jobs::JobRunners::new(shutdown.clone()),
+            configurations: hub::configurations::Reconciler::new(),
+            timeouts: config.timeouts,
+            cluster,
+            live,
+            import_export: Arc::default(),
+        });
+        ctx.import_export.set(Arc::new(|ctx: &HubContext, job| {
+            rest::jobs::start_runner(ctx, job)
+        }));
+        let mut tasks = Vec::new();
+        if let Some(live) = &ctx.live {
+            tasks.push(tokio::spawn(
+                Arc::clone(live).serve_roll_call(shutdown.clone()),
+            ));
+        }
+        if let Some(everywhere) = &ctx.readers_everywhere {
+            tasks.push(tokio::spawn(Arc::clone(everywhere).serve(shutdown.clone())));
+        }
+        if follower {
+            tasks.push(tokio::spawn(hub::follower::follow_routing(
+                ctx.clone(),
+                shutdown.clone(),
+            )));
+            return Ok(Services { ctx, tasks });
+        }
+        hub::scheduled_jobs::resume(&ctx)
+            .await
+            .map_err(|e| NodeError::Other(format!("scheduled jobs: {e}")))?;
+        for kind in [TimerKind::Lock, TimerKind::Expiry] {
+            tasks.push(tokio::spawn(hub::c2d_sweeper::run(
+                kind,
+                ctx.clone(),
+                shutdown.clone(),
+            )));
+        }
+        tasks.push(tokio::spawn(hub::configurations::run(
+            ctx.clone(),
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(hub::event_router::run(
+            ctx.clone(),
+            notifications_wake,
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(hub::retention::run(
+            ctx.clone(),
+            config.d2c.retention,
+            config.d2c.retention_check_interval,
+            shutdown.clone(),
+        )));
+        if ctx.cluster.is_some() {
+            // The writer takes what followers forward.
+            tasks.push(tokio::spawn(hub::calls::serve(
+                ctx.clone(),
+                shutdown.clone(),
+            )));
+            tasks.push(tokio::spawn(hub::appends_from_followers::serve(
+                ctx.clone(),
+                shutdown.clone(),
+            )));
+            tasks.push(tokio::spawn(hub::departed_nodes::run(
+                ctx.clone(),
+                shutdown.clone(),
+            )));
+        }
+        Ok(Services { ctx, tasks })
+    }
+
+    /// Waits for the background tasks to end (after shutdown was cancelled).
+    pub async fn join(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Runs the node until `shutdown` is cancelled, then drains and closes the store. With a
+/// `[cluster]` section the node joins the cluster instead (see [`serve_cluster`]).
+pub async fn serve(
+    data_dir: &Path,
+    config: Config,
+    shutdown: CancellationToken,
+) -> Result<(), NodeError> {
+    config.validate()?;
+    if config.cluster.enabled() {
+        return serve_cluster(data_dir, config, shutdown).await;
+    }
+    let clock = Clock::system();
+    let (store, hub, first_start) = {
+        let (dir, config, clock) = (data_dir.to_path_buf(), config.clone(), clock.clone());
+        tokio::task::spawn_blocking(move || initialise(&dir, &config, &clock))
+            .await
+            .map_err(|e| NodeError::Other(e.to_string()))??
+    };
+    let opened = Opened {
+        store,
+        hub,
+        first_start,
+        clock,
+        recovery: true,
+    };
+    serve_store(data_dir, &config, opened, shutdown, None).await
+}
+
+/// A store ready to serve.
+struct Opened {
+    store: Arc<Store>,
+    hub: HubSettings,
+    first_start: bool,
+    clock: Clock,
+    /// Whether the storage recovery task may reopen the store after a failed write (a single
+    /// node; a cluster's writer steps down instead).
+    recovery: bool,
+}
