@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A ferrohub cluster on this machine's loopback (docs/cluster.md):
-#   three nats-servers (JetStream, R3) on 127.0.0.2-4:4222, cluster routes on :6222;
+#   three nats-servers (JetStream, R3) on 127.0.0.2-4:4222, cluster routes on :6222, TLS on
+#   both and a user per hub (DIR/secrets holds the CA, the passwords and the cluster's secret);
 #   three hub nodes on 127.0.0.2-4 (HTTPS 443, MQTT 8883, AMQP 5671, health 9464);
 #   HAProxy (TCP) on 127.0.0.1 and ::1, ports 443, 8883 and 5671, spreading clients over the
-#   nodes (a follower forwards each connection to the writer).
+#   nodes (each serves the clients it accepts).
 #
 #   scripts/run-cluster.sh DIR             start everything; returns once the hub answers
 #   scripts/run-cluster.sh --seed FROM DIR  the same, for a new cluster holding the hub of FROM
@@ -45,10 +46,44 @@ wait_port() {
     return 1
 }
 
+# Once per cluster directory, in DIR/secrets (root only): the cluster's secret (every hub's,
+# never a NATS server's), each hub's NATS password, and a CA with one certificate for the NATS
+# servers, which their clients and their routes to each other verify.
+make_secrets() {
+    local s="$DIR/secrets"
+    [ -f "$s/nats.pem" ] && return 0
+    mkdir -p "$s"
+    chmod 700 "$s"
+    openssl rand -hex 32 >"$s/cluster.secret"
+    for n in 1 2 3; do openssl rand -hex 24 >"$s/hub$n.password"; done
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 \
+        -subj "/CN=ferrohub NATS CA" -keyout "$s/nats-ca.key" -out "$s/nats-ca.pem" 2>/dev/null
+    openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+        -subj "/CN=ferrohub NATS" -keyout "$s/nats.key" -out "$s/nats.csr" 2>/dev/null
+    printf '%s\n' "subjectAltName=IP:127.0.0.2,IP:127.0.0.3,IP:127.0.0.4" \
+        "extendedKeyUsage=serverAuth,clientAuth" "basicConstraints=CA:FALSE" >"$s/nats.ext"
+    openssl x509 -req -in "$s/nats.csr" -CA "$s/nats-ca.pem" -CAkey "$s/nats-ca.key" \
+        -CAcreateserial -days 3650 -extfile "$s/nats.ext" -out "$s/nats.pem" 2>/dev/null
+}
+
+# A nats-server tls block with the cluster's certificate; $1: more settings.
+nats_tls() {
+    local s="$DIR/secrets"
+    echo "tls {
+        cert_file: \"$s/nats.pem\"
+        key_file: \"$s/nats.key\"
+        ca_file: \"$s/nats-ca.pem\"
+        timeout: 5
+        $1
+    }"
+}
+
 nats_config() {
-    local n="$1" ip routes=""
+    local n="$1" ip routes="" users=""
     ip="$(ip_of "nats$n")"
     for m in 1 2 3; do
+        users="$users
+        {user: hub$m, password: \"$(cat "$DIR/secrets/hub$m.password")\"}"
         [ "$m" = "$n" ] && continue
         routes="$routes nats://$(ip_of "nats$m"):6222"
     done
@@ -58,6 +93,12 @@ listen: $ip:4222
 # Monitoring (/healthz), read before the hubs start.
 http: $ip:8222
 max_payload: 8MB
+# Clients speak TLS only, and only the hubs' users are let in.
+$(nats_tls "")
+authorization {
+    users: [$users
+    ]
+}
 jetstream {
     store_dir: "$DIR/nats$n"
     # Every acknowledged entry is on a majority's disks (docs/cluster.md, durability).
@@ -66,6 +107,8 @@ jetstream {
 cluster {
     name: ferrohub
     listen: $ip:6222
+    # Routes are TLS both ways: a server joins only with a certificate from the cluster's CA.
+    $(nats_tls "verify: true")
     routes: [$(echo $routes | sed 's/ /, /g')]
 }
 EOF
@@ -89,6 +132,10 @@ metrics = "$ip:9464"
 nats = ["nats://127.0.0.2:4222", "nats://127.0.0.3:4222", "nats://127.0.0.4:4222"]
 node = "hub$n"
 certificate_names = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+secret_file = "$DIR/secrets/cluster.secret"
+nats_user = "hub$n"
+nats_password_file = "$DIR/secrets/hub$n.password"
+nats_ca_file = "$DIR/secrets/nats-ca.pem"
 EOF
     # More [cluster] settings for every node (FERROHUB_CLUSTER_EXTRA at the first start).
     if [ -f "$DIR/conf/cluster-extra.toml" ]; then cat "$DIR/conf/cluster-extra.toml"; fi
@@ -112,8 +159,8 @@ defaults
     bind [::1]:$port
     default_backend b$port
 backend b$port
-    # Every node takes clients: a follower forwards each connection to the writer
-    # (docs/cluster.md), so a node is in rotation while its port accepts.
+    # Every node serves the clients it accepts (docs/cluster.md), so a node is in rotation
+    # while its port accepts.
     balance $([ "$port" = 443 ] && echo roundrobin || echo leastconn)
     default-server check inter 250ms fall 1 rise 1"
         for n in 1 2 3; do echo "    server hub$n $(ip_of "hub$n"):$port"; done
@@ -128,7 +175,7 @@ start_one() {
     fi
     case "$name" in
         nats[123])
-            nats_config "${name: -1}" >"$DIR/conf/$name.conf"
+            (umask 077 && nats_config "${name: -1}" >"$DIR/conf/$name.conf")
             "$FERROHUB_NATS/bin/nats-server" -c "$DIR/conf/$name.conf" >>"$DIR/logs/$name.log" 2>&1 &
             ;;
         hub[123])
@@ -241,6 +288,7 @@ if [ ! -x "$FERROHUB_BIN" ]; then
     exit 1
 fi
 mkdir -p "$DIR/pids" "$DIR/logs" "$DIR/conf" "$DIR/tls"
+make_secrets
 if [ -n "${FERROHUB_CLUSTER_EXTRA:-}" ]; then printf '%s\n' "$FERROHUB_CLUSTER_EXTRA" >"$DIR/conf/cluster-extra.toml"; fi
 for n in 1 2 3; do start_one "nats$n"; done
 for n in 1 2 3; do wait_port "$(ip_of "nats$n"):4222" 30; done
@@ -265,8 +313,8 @@ if [ -z "${W:-}" ]; then
     echo "run-cluster: no hub node became the writer within 60 s; logs in $DIR/logs" >&2
     exit 1
 fi
-# HAProxy checks each backend on its own timer, and a follower forwards only once it has read
-# the writer's lease: wait until a TLS handshake succeeds through the balancer and through every
+# HAProxy checks each backend on its own timer, and a node serves only once it has opened its
+# replica: wait until a TLS handshake succeeds through the balancer and through every
 # node, on every port (a port with no writer behind it accepts and closes at once).
 tls_through() {
     python3 - "$DIR/$W/tls/ca.pem" <<'PY'

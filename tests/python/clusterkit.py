@@ -174,6 +174,29 @@ class Cluster(Hub):
             out.append(f"== {f.name}\n" + "\n".join(k[:300] for k in keep))
         return "\n".join(out)
 
+    # -- NATS: who may reach it -------------------------------------------------------------
+    @property
+    def secrets(self) -> Path:
+        """The cluster's secret, the hubs' NATS passwords and the NATS servers' CA (made by
+        scripts/run-cluster.sh)."""
+        return self.root / "secrets"
+
+    def cluster_section(self, node: str, user: str = "hub3", password_file: Path | None = None,
+                        ca_file: Path | None = None, secret_file: Path | None = None) -> str:
+        """A `[cluster]` section for one more node `node` of this cluster, with `user`'s
+        credentials (each item replaceable, to try wrong ones)."""
+        s = self.secrets
+        return "\n".join([
+            "[cluster]",
+            'nats = ["nats://127.0.0.2:4222", "nats://127.0.0.3:4222", "nats://127.0.0.4:4222"]',
+            f'node = "{node}"',
+            f'secret_file = "{secret_file or s / "cluster.secret"}"',
+            f'nats_user = "{user}"',
+            f'nats_password_file = "{password_file or s / f"{user}.password"}"',
+            f'nats_ca_file = "{ca_file or s / "nats-ca.pem"}"',
+            "",
+        ])
+
     # -- what each node holds ------------------------------------------------------------------
     def node_has_device(self, node: str, device_id: str) -> bool:
         out = subprocess.run([binary(), "connection-string", "--data-dir", str(self.root / node), "--device", device_id],

@@ -2,7 +2,9 @@
 SDKs' fixed ports (scripts/run-cluster.sh): the official SDKs work through it unchanged, every
 node's replica follows the writer, and the hub survives SIGKILL of the writer node and of a NATS
 server with nothing acknowledged lost; with two NATS servers down writes are refused (REST 503,
-CONNACK 3) and nothing is corrupted, and service resumes when they return.
+CONNACK 3) and nothing is corrupted, and service resumes when they return. NATS lets in only the
+hubs' users over verified TLS, a node it refuses stops with the reason, and NATS stores no
+private key in clear.
 
 One cluster for the module (fixed ports); the tests run in order and each leaves every process
 running again."""
@@ -11,6 +13,7 @@ import json
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from azure.iot.device import IoTHubDeviceClient, Message, MethodResponse
@@ -226,17 +229,132 @@ def test_two_nats_servers_down_refuse_writes_then_recover(cluster):
     assert len(held) == 1
 
 
+def stray_node(cluster, tmp_path, data_dir, section: str, timeout: float = 120):
+    """Runs `ferrohub serve` for one more node (on 127.0.0.5) with `section` as its `[cluster]`;
+    returns once it exits."""
+    config = tmp_path / "stray.toml"
+    config.write_text('[listeners]\nhttps = "127.0.0.5:0"\nmqtt = "127.0.0.5:0"\namqp = "127.0.0.5:0"\n'
+                      'mqtt_quic = "127.0.0.5:0"\nmetrics = "127.0.0.5:0"\n' + section)
+    return subprocess.run([binary(), "serve", "--data-dir", str(data_dir), "--config", str(config)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def nats_handshake(host: str, ca: str, user: str | None = None, password: str | None = None) -> str:
+    """Speaks the NATS client protocol to `host`:4222 as far as the server's answer to CONNECT
+    and PING (after the TLS upgrade the server asks for, verified with `ca`); returns what it
+    said."""
+    import socket
+    import ssl
+    with socket.create_connection((host, 4222), timeout=10) as raw:
+        info = raw.recv(4096).decode()
+        assert info.startswith("INFO "), info
+        assert json.loads(info[5:])["tls_required"], "the server lets clients in without TLS"
+        ctx = ssl.create_default_context(cafile=ca)
+        with ctx.wrap_socket(raw, server_hostname=host) as s:
+            connect = {"verbose": False, "pedantic": False, "tls_required": True, "name": "test"}
+            if user is not None:
+                connect.update(user=user, **{"pass": password})
+            s.sendall(f"CONNECT {json.dumps(connect)}\r\nPING\r\n".encode())
+            said = b""
+            while b"\r\n" not in said:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                said += chunk
+            return said.decode(errors="replace")
+
+
+def test_nats_lets_in_only_the_hubs_users_over_tls(cluster):
+    """Whoever reaches NATS reaches every key the hub holds: the servers take TLS only, and only
+    the hubs' users."""
+    ca = str(cluster.secrets / "nats-ca.pem")
+    for host in ("127.0.0.2", "127.0.0.3", "127.0.0.4"):
+        assert "Authorization Violation" in nats_handshake(host, ca)
+        assert "Authorization Violation" in nats_handshake(host, ca, "hub1", "not-the-password")
+        password = (cluster.secrets / "hub1.password").read_text().strip()
+        assert "PONG" in nats_handshake(host, ca, "hub1", password)
+    # The routes between the servers verify each other's certificates too.
+    config = (cluster.root / "conf" / "nats1.conf").read_text()
+    assert "verify: true" in config.split("cluster {")[1]
+
+
+def test_a_node_refused_by_nats_stops_with_the_reason(cluster, tmp_path):
+    """Wrong credentials, NATS certificates signed by a CA the node was not given, or a cluster
+    secret other than the one the material was sealed with: the node stops at once and says
+    why, instead of retrying for ever or serving with other material."""
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-the-password\n")
+    other_secret = tmp_path / "other.secret"
+    other_secret.write_text("ab" * 32 + "\n")
+    cases = [
+        ("password", cluster.cluster_section("stray", password_file=wrong), "NATS refused this node"),
+        # The hub's own CA is a real CA, but not the one that signed the NATS servers' certificates.
+        ("ca", cluster.cluster_section("stray", ca_file=Path(cluster.ca)), "no verified TLS connection to NATS"),
+        ("secret", cluster.cluster_section("stray", secret_file=other_secret), "sealed with another cluster secret"),
+    ]
+    for name, section, reason in cases:
+        started = time.time()
+        out = stray_node(cluster, tmp_path, tmp_path / f"data-{name}", section, timeout=60)
+        assert out.returncode != 0, name
+        assert reason in out.stderr, f"{name}: {out.stderr[-2000:]}"
+        assert time.time() - started < 30, f"{name}: the node retried instead of stopping"
+    assert cluster.request("GET", "/devices", cluster.token()).status_code == 200
+
+
+def test_nats_stores_no_private_key_in_clear(cluster):
+    """What the NATS servers store (the commit log, the lease and the shared TLS material)
+    holds the hub's private keys only sealed with the cluster's secret."""
+    keys = [p for p in (cluster.root / "hub1" / "tls").glob("*key.pem")]
+    assert keys, "the hub has private keys"
+    # The lines of each key's base64 body: any one of them found in clear is a leak.
+    bodies = [line.encode() for k in keys for line in k.read_text().splitlines() if "-----" not in line and len(line) > 20]
+    sealed = 0
+    for n in (1, 2, 3):
+        for f in (cluster.root / f"nats{n}").rglob("*"):
+            if not f.is_file():
+                continue
+            data = f.read_bytes()
+            assert b"PRIVATE KEY" not in data, f"a private key in clear in {f}"
+            assert not any(b in data for b in bodies), f"a private key's body in clear in {f}"
+            sealed += data.count(b"ferrohub-sealed-v1")
+    assert sealed >= 3, "every NATS server holds the sealed TLS material (the scan read its files)"
+
+
+def test_nats_taking_smaller_messages_than_a_log_entry_is_refused(cluster, tmp_path):
+    """A nats-server's stock max_payload (1 MB) is below the commit log's largest entry: the
+    node says so at start instead of failing its first large commit group."""
+    import os
+    import socket
+    nats = Path(os.environ.get("FERROHUB_NATS", Path.home() / ".cache" / "ferrohub" / "nats")) / "bin" / "nats-server"
+    conf = tmp_path / "small.conf"
+    conf.write_text(f'listen: 127.0.0.6:4222\nmax_payload: 1MB\njetstream {{ store_dir: "{tmp_path / "js"}" }}\n')
+    server = subprocess.Popen([str(nats), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.6", 4222), timeout=1).close()
+                break
+            except OSError:
+                assert time.time() < deadline, "the small nats-server does not listen"
+                time.sleep(0.1)
+        section = ('[cluster]\nnats = ["nats://127.0.0.6:4222"]\nnode = "small"\nreplicas = 1\n'
+                   f'secret_file = "{cluster.secrets / "cluster.secret"}"\n')
+        out = stray_node(cluster, tmp_path, tmp_path / "data", section, timeout=60)
+        assert out.returncode != 0
+        assert "set max_payload to at least 8MB" in out.stderr, out.stderr[-2000:]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def test_a_single_nodes_directory_cannot_join(cluster, tmp_path):
     """A hub served as a single node holds state that is in no log: joining would split the
     replicas, so the node refuses with a clear error and changes nothing."""
     single = Hub(tmp_path / "single").start()
     single.create_device("only-here")
     single.stop()
-    out = subprocess.run(
-        [binary(), "serve", "--data-dir", str(single.data_dir), "--node-name", "stray",
-         "--nats", "nats://127.0.0.2:4222", "--https-addr", "127.0.0.5:0", "--mqtt-addr", "127.0.0.5:0",
-         "--amqp-addr", "127.0.0.5:0", "--mqtt-quic-addr", "127.0.0.5:0", "--metrics-addr", "127.0.0.5:0"],
-        capture_output=True, text=True, timeout=120)
+    out = stray_node(cluster, tmp_path, single.data_dir, cluster.cluster_section("stray"))
     assert out.returncode != 0
     assert "cannot join a cluster" in out.stderr, out.stderr[-2000:]
     assert cluster.request("GET", "/devices/only-here", cluster.token()).status_code == 404

@@ -6,12 +6,21 @@
 //!   log relies on); an older server is refused with a clear error before anything is created.
 //! - The stream and buckets are created with the configured replica count by whichever node
 //!   comes first; later nodes use what exists.
+//! - With `[cluster] nats_user`, the node authenticates with a password read from a file; with
+//!   `nats_ca_file`, it speaks to NATS only over TLS whose certificates that CA verifies. A
+//!   refusal of either is final (the node stops with the reason); only an unreachable server
+//!   is retried.
+//! - The node's servers take messages as large as the largest log entry, or it refuses to start
+//!   (a smaller `max_payload` would fail the writer's first large commit group instead).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream};
+use async_nats::{ConnectError, ConnectErrorKind, ConnectOptions};
 use tokio_util::sync::CancellationToken;
 
+use super::secret::ClusterSecret;
 use super::ClusterError;
 use crate::config::ClusterSection;
 
@@ -42,6 +51,8 @@ pub struct Link {
     pub tls: kv::Store,
     pub nodes: kv::Store,
     pub section: ClusterSection,
+    /// Seals what the nodes share through NATS but NATS must not read ([`super::tls_share`]).
+    pub secret: Arc<ClusterSecret>,
 }
 
 fn server_addrs(urls: &[String]) -> Result<Vec<async_nats::ServerAddr>, ClusterError> {
@@ -51,6 +62,72 @@ fn server_addrs(urls: &[String]) -> Result<Vec<async_nats::ServerAddr>, ClusterE
                 .map_err(|e| ClusterError::nats(&format!("NATS URL {u}"), e))
         })
         .collect()
+}
+
+/// How this node connects: its name, and its credentials and TLS trust when configured.
+fn connect_options(section: &ClusterSection) -> Result<ConnectOptions, ClusterError> {
+    let mut options = ConnectOptions::new()
+        .name(format!("ferrohub {}", section.node))
+        .max_reconnects(None);
+    if let (Some(user), Some(file)) = (&section.nats_user, &section.nats_password_file) {
+        let password = std::fs::read_to_string(file).map_err(|e| ClusterError::Credentials {
+            path: file.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        options = options.user_and_password(user.clone(), password.trim_end().to_string());
+    }
+    if let Some(ca) = &section.nats_ca_file {
+        options = options.require_tls(true).add_root_certificates(ca.clone());
+    }
+    Ok(options)
+}
+
+/// The error that stops the node when NATS refused it (its credentials, or TLS that does not
+/// verify); `None` when waiting could help (a server down or not yet listening).
+fn refusal(e: &ConnectError) -> Option<ClusterError> {
+    let chain = error_chain(e);
+    match e.kind() {
+        ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => {
+            Some(ClusterError::NatsRefused(chain))
+        }
+        ConnectErrorKind::Tls => Some(ClusterError::NatsTls(chain)),
+        _ if tls_failed(e) => Some(ClusterError::NatsTls(chain)),
+        _ => None,
+    }
+}
+
+/// Whether a TLS error (a certificate that does not verify, say) lies under `e`: the client
+/// reports a failed handshake as an I/O error wrapping rustls's.
+fn tls_failed(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if err.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        if let Some(inner) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            if tls_failed(inner) {
+                return true;
+            }
+        }
+        next = err.source();
+    }
+    false
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(err) = next {
+        let part = err.to_string();
+        if !text.contains(&part) {
+            text = format!("{text}: {part}");
+        }
+        next = err.source();
+    }
+    text
 }
 
 fn version_ok(version: &str) -> bool {
@@ -71,25 +148,40 @@ impl Link {
         shutdown: &CancellationToken,
     ) -> Result<Option<Link>, ClusterError> {
         let addrs = server_addrs(&section.nats)?;
+        // Validating the configuration made sure it is set.
+        let secret_file = section
+            .secret_file
+            .as_deref()
+            .ok_or(ClusterError::NoSecret)?;
+        let secret = Arc::new(ClusterSecret::read(secret_file)?);
+        let options = connect_options(section)?;
         let client = loop {
-            let attempt = async_nats::ConnectOptions::new()
-                .name(format!("ferrohub {}", section.node))
-                .max_reconnects(None)
-                .connect(addrs.clone());
+            let attempt = options.clone().connect(addrs.clone());
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(None),
                 c = attempt => match c {
                     Ok(c) => break c,
                     Err(e) => {
+                        if let Some(refused) = refusal(&e) {
+                            return Err(refused);
+                        }
                         tracing::warn!(error = %e, "cannot reach the cluster's NATS servers; retrying");
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }
             }
         };
-        let version = client.server_info().version;
-        if !version_ok(&version) {
-            return Err(ClusterError::ServerTooOld { found: version });
+        let info = client.server_info();
+        if !version_ok(&info.version) {
+            return Err(ClusterError::ServerTooOld {
+                found: info.version,
+            });
+        }
+        if info.max_payload < MAX_ENTRY_BYTES as usize {
+            return Err(ClusterError::PayloadTooSmall {
+                server: info.max_payload,
+                needed: MAX_ENTRY_BYTES as usize,
+            });
         }
         let mut js = jetstream::new(client.clone());
         // A stream or bucket electing a leader holds a request for the whole timeout (the
@@ -106,6 +198,7 @@ impl Link {
                         tls,
                         nodes,
                         section: section.clone(),
+                        secret,
                     }))
                 }
                 // JetStream without a quorum yet (servers still meeting each other).

@@ -13,7 +13,11 @@
 //! - A writer whose append failed or was refused writes nothing more (the engine poisons its
 //!   committer); it steps down once it can reach the log again, and follows it from what its
 //!   replica holds.
-//! - Every node serves with the same TLS material, shared through the cluster ([`tls_share`]).
+//! - Every node serves with the same TLS material, shared through the cluster ([`tls_share`]);
+//!   its private keys reach NATS only sealed with the cluster's secret ([`secret`]), which NATS
+//!   never holds.
+//! - A node that NATS refuses, or whose NATS servers' certificates do not verify, stops with an
+//!   error instead of retrying: only an unreachable server is waited for.
 //! - The log keeps every entry some node heard from recently may still need ([`trim`]).
 
 pub mod bus;
@@ -21,6 +25,7 @@ pub mod follow;
 pub mod lease;
 pub mod link;
 pub mod log;
+pub mod secret;
 pub mod seed;
 pub mod tls_share;
 pub mod trim;
@@ -39,6 +44,29 @@ pub enum ClusterError {
     Replica(String),
     #[error("TLS material: {0}")]
     Tls(String),
+    #[error(
+        "NATS refused this node ({0}): check [cluster] nats_user and nats_password_file against \
+         the users the NATS servers accept"
+    )]
+    NatsRefused(String),
+    #[error(
+        "no verified TLS connection to NATS ({0}): [cluster] nats_ca_file must be the CA that \
+         signed the NATS servers' certificates, and those must cover the addresses in \
+         [cluster] nats"
+    )]
+    NatsTls(String),
+    #[error("cannot read [cluster] nats_password_file {path}: {reason}")]
+    Credentials { path: String, reason: String },
+    #[error(
+        "the NATS servers take messages of at most {server} bytes, and the commit log's \
+         entries need {needed}: set max_payload to at least 8MB in every nats-server's \
+         configuration"
+    )]
+    PayloadTooSmall { server: usize, needed: usize },
+    #[error("[cluster] secret_file is not set")]
+    NoSecret,
+    #[error("cluster secret: {0}")]
+    Secret(#[from] secret::SecretError),
 }
 
 impl ClusterError {

@@ -6,10 +6,17 @@
 //! # Invariants
 //! - The bucket's key is created once (compare-and-set): of two nodes starting together, the
 //!   loser replaces its own fresh material with the winner's before it serves.
+//! - The bucket holds the material only sealed with the cluster's secret
+//!   ([`super::secret`]): NATS, and whoever reads its storage, never sees a private key. A value
+//!   published in clear by an earlier version is sealed in place by the first node that reads
+//!   it.
+//! - A value this node's secret cannot open stops the node (its `secret_file` differs from the
+//!   node that published it): serving with other material would split the cluster's identity.
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
 
+use super::secret::SecretError;
 use super::{ClusterError, Link};
 use crate::tls::{self, TlsPaths};
 
@@ -21,6 +28,38 @@ fn tls_err(e: impl std::fmt::Display) -> ClusterError {
 
 fn decode(bytes: &[u8]) -> Result<Vec<(String, String)>, ClusterError> {
     serde_json::from_slice(bytes).map_err(tls_err)
+}
+
+fn seal(link: &Link, files: &[(String, String)]) -> Result<Bytes, ClusterError> {
+    let plain = serde_json::to_vec(files).map_err(tls_err)?;
+    Ok(Bytes::from(link.secret.seal(&plain)?))
+}
+
+/// The material in a bucket entry: opened with the cluster's secret, or (published in clear
+/// before values were sealed) read as it is and sealed in its place.
+async fn material_of(
+    link: &Link,
+    entry: &kv::Entry,
+) -> Result<Vec<(String, String)>, ClusterError> {
+    match link.secret.open(&entry.value) {
+        Ok(plain) => decode(&plain),
+        Err(SecretError::NotSealed) => {
+            let files = decode(&entry.value)?;
+            match link
+                .tls
+                .update(MATERIAL_KEY, seal(link, &files)?, entry.revision)
+                .await
+            {
+                Ok(_) => tracing::info!("sealed the shared TLS material published in clear"),
+                // Another node sealed it first: the same material either way.
+                Err(e) => {
+                    tracing::info!(error = %e, "the shared TLS material was sealed meanwhile")
+                }
+            }
+            Ok(files)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Makes `paths` hold the cluster's material, retrying for a minute while JetStream is not
@@ -59,13 +98,12 @@ async fn ensure_once(
         .await
         .map_err(|e| ClusterError::nats("reading the shared TLS material", e))?
     {
-        return tls::write_material(paths, &decode(&entry.value)?).map_err(tls_err);
+        return tls::write_material(paths, &material_of(link, &entry).await?).map_err(tls_err);
     }
     tls::ensure_material_for(paths, hub_name, host_name, &link.section.certificate_names)
         .map_err(tls_err)?;
     let mine = tls::read_material(paths).ok_or_else(|| tls_err("incomplete after creation"))?;
-    let value = Bytes::from(serde_json::to_vec(&mine).map_err(tls_err)?);
-    match link.tls.create(MATERIAL_KEY, value).await {
+    match link.tls.create(MATERIAL_KEY, seal(link, &mine)?).await {
         Ok(_) => {
             tracing::info!("published this node's TLS material to the cluster");
             Ok(())
@@ -77,7 +115,7 @@ async fn ensure_once(
                 .await
                 .map_err(|e| ClusterError::nats("reading the shared TLS material", e))?
                 .ok_or_else(|| tls_err("the shared material vanished"))?;
-            tls::write_material(paths, &decode(&entry.value)?).map_err(tls_err)
+            tls::write_material(paths, &material_of(link, &entry).await?).map_err(tls_err)
         }
         Err(e) => Err(ClusterError::nats("publishing the TLS material", e)),
     }

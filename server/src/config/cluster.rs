@@ -1,5 +1,6 @@
 //! The `[cluster]` section: NATS servers, this node's name and address, the lease.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -35,6 +36,17 @@ pub struct ClusterSection {
     /// node's backup. The NATS servers' disks hold this long of writes.
     #[serde(with = "humantime_serde")]
     pub log_keeps_absent_nodes_for: Duration,
+    /// The user this node authenticates to NATS as (with `nats_password_file`).
+    pub nats_user: Option<String>,
+    /// A file holding that user's password (never on a command line or in this file).
+    pub nats_password_file: Option<PathBuf>,
+    /// The CA that signed the NATS servers' certificates: with it, the node speaks to NATS
+    /// only over TLS those certificates verify under.
+    pub nats_ca_file: Option<PathBuf>,
+    /// A file holding the cluster's secret (64 hexadecimal digits, the same on every node,
+    /// never given to NATS): what the nodes share through NATS that NATS must not read, the
+    /// TLS private keys, is sealed with it. Required in cluster mode.
+    pub secret_file: Option<PathBuf>,
 }
 
 impl Default for ClusterSection {
@@ -48,6 +60,10 @@ impl Default for ClusterSection {
             advertise: None,
             log_trim_interval: Duration::from_secs(60),
             log_keeps_absent_nodes_for: Duration::from_secs(3600),
+            nats_user: None,
+            nats_password_file: None,
+            nats_ca_file: None,
+            secret_file: None,
         }
     }
 }
@@ -110,6 +126,21 @@ impl ClusterSection {
                     .into(),
             });
         }
+        if self.secret_file.is_none() {
+            return Err(ConfigError::Invalid {
+                key: "cluster.secret_file",
+                reason: "cluster mode needs a secret shared by the nodes and not by NATS (a file \
+                         of 64 hexadecimal digits: `openssl rand -hex 32`): the TLS private keys \
+                         reach NATS only sealed with it"
+                    .into(),
+            });
+        }
+        if self.nats_user.is_some() != self.nats_password_file.is_some() {
+            return Err(ConfigError::Invalid {
+                key: "cluster.nats_user",
+                reason: "nats_user and nats_password_file go together".into(),
+            });
+        }
         Ok(())
     }
 }
@@ -145,6 +176,13 @@ mod tests {
             c.cluster.advertised_host(c.listeners.https).as_deref(),
             Some("10.0.0.7")
         );
+        let c: Config = toml::from_str(
+            "[cluster]\nnats = [\"nats://a\"]\nnode = \"n\"\nadvertise = \"10.0.0.7\"\n\
+             secret_file = \"/s\"\nnats_user = \"n\"\nnats_password_file = \"/p\"\n\
+             nats_ca_file = \"/ca.pem\"\n",
+        )
+        .unwrap();
+        c.validate().expect("a complete cluster section");
         for (text, key) in [
             ("nats = [\"nats://a\"]", "cluster.node"),
             ("nats = [\"nats://a\"]\nnode = \"a b\"", "cluster.node"),
@@ -163,6 +201,15 @@ mod tests {
             (
                 "nats = [\"nats://a\"]\nnode = \"n\"\nlog_trim_interval = \"0s\"",
                 "cluster.log_trim_interval",
+            ),
+            (
+                "nats = [\"nats://a\"]\nnode = \"n\"\nadvertise = \"10.0.0.7\"",
+                "cluster.secret_file",
+            ),
+            (
+                "nats = [\"nats://a\"]\nnode = \"n\"\nadvertise = \"10.0.0.7\"\n\
+                 secret_file = \"/s\"\nnats_user = \"n\"",
+                "cluster.nats_user",
             ),
         ] {
             let c: Config = toml::from_str(&format!("[cluster]\n{text}\n")).unwrap();
