@@ -201,7 +201,28 @@ def amqp_streams():
     yield sasl_plain + header + frame(None) + open_
 
 
+def dps_registers():
+    """Register requests as the provisioning SDKs send them: the registration id, a newline,
+    the body. The Python SDK sends {"registrationId", "payload"} (json.dumps, payload null when
+    none); the Node SDK leaves payload out when none and its HTTP transport may send no body;
+    a TPM device adds "tpm"."""
+    rid = "dps-dev-1"
+    bodies = [
+        json.dumps({"registrationId": rid, "payload": None}),
+        json.dumps({"registrationId": rid, "payload": {"site": "line-3", "modelId": "dtmi:x:y;1"}}),
+        json.dumps({"registrationId": rid}, separators=(",", ":")),
+        "",
+        json.dumps({"registrationId": rid, "tpm": {"endorsementKey": "AToAAQAL", "storageRootKey": "ARgAAQAL"}}),
+        json.dumps({"registrationId": "another", "payload": 1}),
+        json.dumps([rid]),
+    ]
+    for b in bodies:
+        yield f"{rid}\n{b}"
+
+
 def main():
+    for r in dps_registers():
+        write("dps_register", r)
     for q in queries():
         write("query", q)
     for t in sas_tokens():

@@ -172,4 +172,5 @@ smoke_tests!(
     identity_json,
     config_toml,
     amqp_frames,
+    dps_register,
 );

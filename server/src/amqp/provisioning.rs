@@ -20,12 +20,12 @@ use fe2o3_amqp::types::messaging::{
 use fe2o3_amqp::types::primitives::{Binary, SimpleValue, Value};
 use parking_lot::Mutex;
 use rustls::pki_types::CertificateDer;
-use serde_json::{json, Value as Json};
+use serde_json::json;
 
 use super::replies::{application_property, Replies, Reply};
 use crate::hub::provisioning::{
-    status_json, Credential, DpsFailure, Operation, OperationState, RegisterRequest,
-    RETRY_AFTER_SECS,
+    parse_register_body, status_json, Credential, DpsFailure, Operation, OperationState,
+    RegisterRequest, RETRY_AFTER_SECS,
 };
 use crate::hub::HubContext;
 
@@ -121,23 +121,7 @@ async fn answer(
             let body = body_text(message).ok_or_else(|| {
                 DpsFailure::BadRequest("the register body is not JSON text".into())
             })?;
-            let payload = if body.iter().all(u8::is_ascii_whitespace) {
-                None
-            } else {
-                let v: Json = serde_json::from_slice(&body).map_err(|e| {
-                    DpsFailure::BadRequest(format!("the register body is not JSON: {e}"))
-                })?;
-                match v.get("registrationId") {
-                    None | Some(Json::Null) => {}
-                    Some(Json::String(s)) if s == registration_id => {}
-                    Some(other) => {
-                        return Err(DpsFailure::BadRequest(format!(
-                            "registrationId {other} in the body is not {registration_id:?}"
-                        )))
-                    }
-                }
-                v.get("payload").cloned()
-            };
+            let payload = parse_register_body(&body, registration_id)?;
             ctx.provisioning.register(&ctx, request(payload)).await
         }
         Some("iotdps-get-operationstatus") => {

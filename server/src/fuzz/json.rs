@@ -1,5 +1,5 @@
 //! JSON and TOML from outside: twin patches and documents, identity bodies and import/restore
-//! lines, and the configuration file.
+//! lines, DPS register bodies, and the configuration file.
 
 use std::collections::BTreeMap;
 
@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 
 use crate::config::Config;
 use crate::hub::daily_quota::DailyQuota;
+use crate::hub::provisioning::{parse_register_body, DpsFailure};
 use crate::hub::throttle::Throttles;
 use crate::rest::identity_json::IdentityBody;
 use crate::rest::jobs::line::{import_item, restore_records};
@@ -120,5 +121,42 @@ pub fn config_toml(data: &[u8]) {
         let _ = config.c2d.queue_settings();
         let _ = Throttles::new(&config.throttling);
         let _ = DailyQuota::new(&config.throttling);
+    }
+}
+
+/// A DPS register request: the registration id its topic, path or address names (the first
+/// line), then the body (the rest), read as MQTT, HTTPS and AMQP read it. What is accepted
+/// holds the module's rules: nothing or one JSON object, naming no other registration id and
+/// no TPM, and its payload is the body's own.
+pub fn dps_register(data: &[u8]) {
+    let (rid, body) = match data.iter().position(|&b| b == b'\n') {
+        Some(at) => (&data[..at], &data[at + 1..]),
+        None => (data, &[][..]),
+    };
+    let Ok(rid) = std::str::from_utf8(rid) else {
+        return;
+    };
+    match parse_register_body(body, rid) {
+        Ok(payload) => {
+            if body.iter().all(u8::is_ascii_whitespace) {
+                assert_eq!(payload, None, "an empty body has no payload");
+                return;
+            }
+            let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(body) else {
+                panic!("accepted a body that is not a JSON object");
+            };
+            assert!(
+                matches!(fields.get("registrationId"), None | Some(Value::Null))
+                    || fields.get("registrationId") == Some(&Value::String(rid.to_string())),
+                "accepted another registration id"
+            );
+            assert!(
+                fields.get("tpm").is_none_or(Value::is_null),
+                "accepted a TPM"
+            );
+            assert_eq!(payload, fields.get("payload").cloned());
+        }
+        Err(DpsFailure::BadRequest(text)) => assert!(!text.is_empty()),
+        Err(other) => panic!("a register body refused as {other:?}"),
     }
 }

@@ -18,7 +18,7 @@ mod query;
 mod text;
 
 pub use amqp::amqp_frames;
-pub use json::{config_toml, identity_json, twin_patch};
+pub use json::{config_toml, dps_register, identity_json, twin_patch};
 pub use mqtt::mqtt_stream;
 pub use query::query;
 pub use text::{property_bag, sas_token, topics};
@@ -34,6 +34,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("identity_json", identity_json),
     ("config_toml", config_toml),
     ("amqp_frames", amqp_frames),
+    ("dps_register", dps_register),
 ];
 
 /// The hub name the targets authenticate against.

@@ -28,8 +28,8 @@ use tokio_util::codec::Framed;
 
 use super::codec::MqttCodec;
 use crate::hub::provisioning::{
-    status_json, Credential, DpsFailure, Operation, OperationState, RegisterRequest,
-    RETRY_AFTER_SECS,
+    parse_register_body, status_json, Credential, DpsFailure, Operation, OperationState,
+    RegisterRequest, RETRY_AFTER_SECS,
 };
 use crate::hub::HubContext;
 
@@ -264,35 +264,6 @@ impl Session {
     }
 }
 
-/// The register body's `payload`; its `registrationId`, when present, must be this one.
-fn parse_register_body(body: &[u8], registration_id: &str) -> Result<Option<Value>, DpsFailure> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
-    }
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| DpsFailure::BadRequest(format!("the register body is not JSON: {e}")))?;
-    if !v.is_object() {
-        return Err(DpsFailure::BadRequest(
-            "the register body must be a JSON object".into(),
-        ));
-    }
-    match v.get("registrationId") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == registration_id => {}
-        Some(other) => {
-            return Err(DpsFailure::BadRequest(format!(
-                "registrationId {other} in the body is not {registration_id:?}"
-            )))
-        }
-    }
-    if v.get("tpm").is_some_and(|t| !t.is_null()) {
-        return Err(DpsFailure::BadRequest(
-            "TPM attestation is not supported by this provisioning service".into(),
-        ));
-    }
-    Ok(v.get("payload").cloned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,17 +289,5 @@ mod tests {
         );
         assert_eq!(param(&p, "$rid"), Some("a-b"));
         assert_eq!(param(&p, "operationId"), Some("5.x.y"));
-    }
-
-    #[test]
-    fn register_bodies() {
-        assert_eq!(parse_register_body(b" ", "d").unwrap(), None);
-        assert_eq!(
-            parse_register_body(br#"{"payload": null, "registrationId": "d"}"#, "d").unwrap(),
-            Some(Value::Null)
-        );
-        assert!(parse_register_body(br#"{"registrationId":"e"}"#, "d").is_err());
-        assert!(parse_register_body(b"{nope", "d").is_err());
-        assert!(parse_register_body(b"[1]", "d").is_err());
     }
 }

@@ -14,6 +14,7 @@
 
 mod attest;
 mod outcomes;
+mod register_body;
 pub mod status_json;
 
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use ferrohub_engine::StorageError;
 pub use attest::{AttestError, Credential};
 use attest::{Attested, Candidates};
 use outcomes::Outcomes;
+pub use register_body::{parse_register_body, MAX_REGISTER_BODY};
 
 use super::store_handle::StoreHandle;
 use crate::clock::Clock;

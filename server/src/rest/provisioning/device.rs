@@ -8,9 +8,10 @@ use warp::filters::BoxedFilter;
 use warp::http::StatusCode;
 use warp::Filter;
 
-use super::{api_version, bad_request, refusal};
+use super::{api_version, refusal};
 use crate::hub::provisioning::{
-    status_json, Credential, OperationState, RegisterRequest, RETRY_AFTER_SECS,
+    parse_register_body, status_json, Credential, OperationState, RegisterRequest,
+    MAX_REGISTER_BODY, RETRY_AFTER_SECS,
 };
 use crate::rest::error::ApiError;
 use crate::rest::reply::{json, json_with_status, one_of, Handled, Response};
@@ -63,16 +64,9 @@ fn credential() -> impl Filter<Extract = (Option<Credential>,), Error = warp::Re
         )
 }
 
-/// The body as JSON; empty is `{}`.
-fn body() -> impl Filter<Extract = (Result<Value, String>,), Error = warp::Rejection> + Clone {
-    warp::body::content_length_limit(64 * 1024)
-        .and(warp::body::bytes())
-        .map(|bytes: bytes::Bytes| {
-            if bytes.iter().all(u8::is_ascii_whitespace) {
-                return Ok(Value::Object(Default::default()));
-            }
-            serde_json::from_slice::<Value>(&bytes).map_err(|e| e.to_string())
-        })
+/// The body's bytes, at most the register body's limit.
+fn body() -> impl Filter<Extract = (bytes::Bytes,), Error = warp::Rejection> + Clone {
+    warp::body::content_length_limit(MAX_REGISTER_BODY as u64).and(warp::body::bytes())
 }
 
 fn request(
@@ -108,28 +102,9 @@ async fn register(
     rid: PathId,
     ctx: Context,
     credential: Option<Credential>,
-    body: Result<Value, String>,
+    body: bytes::Bytes,
 ) -> Handled {
-    let body = body.map_err(|e| bad_request(format!("the body is not valid JSON: {e}")))?;
-    if !body.is_object() {
-        return Err(bad_request("the body must be a JSON object"));
-    }
-    match body.get("registrationId") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if *s == rid.0 => {}
-        Some(other) => {
-            return Err(bad_request(format!(
-                "registrationId {other} in the body is not {:?} of the path",
-                rid.0
-            )))
-        }
-    }
-    if body.get("tpm").is_some_and(|t| !t.is_null()) {
-        return Err(bad_request(
-            "TPM attestation is not supported by this provisioning service",
-        ));
-    }
-    let payload = body.get("payload").cloned();
+    let payload = parse_register_body(&body, &rid.0)?;
     let request = request(id_scope, rid, credential, payload)?;
     let op = ctx.provisioning.register(&ctx, request).await?;
     Ok(with_retry_after(json_with_status(
