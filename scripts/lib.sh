@@ -109,14 +109,15 @@ ensure_browser() {
 ensure_cluster_tools() {
     [ -n "${FERROHUB_TOOLS_READY:-}" ] && return 0
     ensure_nats
-    ensure_apt haproxy curl
+    # openssl makes the NATS servers' CA, certificate, passwords and the cluster's secret.
+    ensure_apt haproxy curl openssl
 }
 
 # The Debian packages the test command needs, with one read of the package lists: the build's
-# compilers, the cluster's HAProxy, the browser, and the tools that run end-to-end groups side
-# by side in network namespaces (iproute2, util-linux's unshare, procps).
+# compilers, the cluster's HAProxy and openssl, the browser, and the tools that run end-to-end
+# groups side by side in network namespaces (iproute2, util-linux's unshare, procps).
 ensure_test_packages() {
-    ensure_apt libclang-dev clang g++ make haproxy curl chromium iproute2 util-linux procps
+    ensure_apt libclang-dev clang g++ make haproxy curl openssl chromium iproute2 util-linux procps
 }
 
 # The SDKs and servers the end-to-end suites drive (PyPI, npm, the pinned nats-server).
