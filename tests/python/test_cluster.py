@@ -50,10 +50,24 @@ def device_client(cluster, device_id):
 
 def telemetry_of(cluster, device_id, n, timeout=WAIT):
     """The bodies of `device_id`'s events, read with the Event Hubs SDK through the cluster,
-    once at least `n` are there."""
-    collector = ehkit.read(cluster, None, timeout=timeout, starting_position="-1")
-    bodies = [e.body_as_str() for _, e in collector.events if ehkit.device_of(e) == device_id]
-    assert len(bodies) >= n, f"{len(bodies)} of {n} events of {device_id}"
+    once at least `n` are there and every partition then fell idle (so extra events would
+    show). The balancer may send the reader to a follower whose replica applies the writer's
+    entries a moment later: reading until the first idle spell could end before they arrive."""
+    client = ehkit.consumer(cluster)
+    partitions = set(client.get_partition_ids())
+    collector = ehkit.Collector()
+    ehkit.receive_in_background(client, collector, starting_position="-1")
+
+    def mine(c):
+        return [e.body_as_str() for _, e in c.events if ehkit.device_of(e) == device_id]
+
+    try:
+        collector.wait_for(lambda c: len(mine(c)) >= n, timeout)
+        collector.wait_for(lambda c: c.idle_partitions >= partitions, timeout)
+        bodies = mine(collector)
+    finally:
+        client.close()
+    assert len(bodies) >= n, f"{len(bodies)} of {n} events of {device_id}; errors {collector.errors}"
     return bodies
 
 
