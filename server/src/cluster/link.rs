@@ -24,11 +24,10 @@ use super::secret::ClusterSecret;
 use super::ClusterError;
 use crate::config::ClusterSection;
 
-/// The commit log stream and its one subject.
-
 /// How long a JetStream API request (stream state, consumer creation, KV operations) may
 /// go unanswered before it fails and its caller asks again.
 const JETSTREAM_PATIENCE: Duration = Duration::from_secs(3);
+/// The commit log stream and its one subject.
 pub const LOG_STREAM: &str = "FERROHUB_LOG";
 pub const LOG_SUBJECT: &str = "ferrohub.log";
 /// The bucket holding the writer lease (key [`super::lease::LEASE_KEY`]).
