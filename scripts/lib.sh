@@ -109,15 +109,16 @@ ensure_browser() {
 ensure_cluster_tools() {
     [ -n "${FERROHUB_TOOLS_READY:-}" ] && return 0
     ensure_nats
-    # openssl makes the NATS servers' CA, certificate, passwords and the cluster's secret.
-    ensure_apt haproxy curl openssl
+    # openssl makes the NATS servers' CA, certificate, passwords and the cluster's secret;
+    # iptables cuts one node off from NATS in the partition tests.
+    ensure_apt haproxy curl openssl iptables
 }
 
 # The Debian packages the test command needs, with one read of the package lists: the build's
 # compilers, the cluster's HAProxy and openssl, the browser, and the tools that run end-to-end
 # groups side by side in network namespaces (iproute2, util-linux's unshare, procps).
 ensure_test_packages() {
-    ensure_apt libclang-dev clang g++ make haproxy curl openssl chromium iproute2 util-linux procps
+    ensure_apt libclang-dev clang g++ make haproxy curl openssl iptables chromium iproute2 util-linux procps
 }
 
 # The SDKs and servers the end-to-end suites drive (PyPI, npm, the pinned nats-server).

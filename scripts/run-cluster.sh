@@ -159,10 +159,13 @@ defaults
     bind [::1]:$port
     default_backend b$port
 backend b$port
-    # Every node serves the clients it accepts (docs/cluster.md), so a node is in rotation
-    # while its port accepts.
+    # A node is in rotation while its health endpoint says it serves in good standing (the
+    # writer within its lease, a follower reaching NATS and caught up: docs/cluster.md); its
+    # client sessions end with its standing, so HAProxy closes them too.
     balance $([ "$port" = 443 ] && echo roundrobin || echo leastconn)
-    default-server check inter 250ms fall 1 rise 1"
+    option httpchk
+    http-check send meth GET uri /health/ready
+    default-server check port 9464 inter 250ms fall 1 rise 1 on-marked-down shutdown-sessions"
         for n in 1 2 3; do echo "    server hub$n $(ip_of "hub$n"):$port"; done
     done
 }
@@ -237,10 +240,11 @@ wait_jetstream() {
     done
 }
 
-# Prints the name of the node whose health endpoint says it serves, or fails.
+# Prints the name of the node whose health endpoint says it serves as the writer, or fails.
 writer() {
     for n in 1 2 3; do
-        if curl -fsS -o /dev/null --max-time 1 "http://$(ip_of "hub$n"):9464/health/live" 2>/dev/null; then
+        if curl -fsS --max-time 1 "http://$(ip_of "hub$n"):9464/health/cluster" 2>/dev/null |
+            grep -q '"role":"writer","serving":true'; then
             echo "hub$n"
             return 0
         fi

@@ -37,12 +37,18 @@ pub enum StorageError {
     /// RocksDB reported an error (I/O, its own checksums, ...).
     #[error("storage backend error: {0}")]
     Backend(String),
-    /// This durable write failed (a full disk, an I/O error): it is not applied, and the engine
-    /// now refuses writes until restarted.
-    #[error("durable write failed, nothing of it applied; writes are refused until restart: {0}")]
+    /// This durable write failed (a full disk, an I/O error, a commit log that did not take
+    /// it): it is not applied, and this store refuses writes until it is opened again.
+    #[error(
+        "durable write failed, nothing of it applied; writes are refused until the store is \
+         reopened, which the hub does by itself once the cause clears: {0}"
+    )]
     WriteFailed(String),
-    /// An earlier durable write failed; the engine refuses writes until restarted.
-    #[error("storage is poisoned after a failed durable write; restart the hub")]
+    /// An earlier durable write failed; this store refuses writes until it is opened again.
+    #[error(
+        "an earlier durable write failed; writes are refused until the store is reopened, \
+         which the hub does by itself once the cause clears"
+    )]
     Poisoned,
     /// The engine is shutting down.
     #[error("storage is closed")]

@@ -109,13 +109,20 @@ class Cluster(Hub):
     def start_node(self, name: str) -> None:
         subprocess.run(["bash", SCRIPT, "--start", name, str(self.root)], check=True, capture_output=True, timeout=60)
 
+    def standing(self, node: str) -> dict | None:
+        """The node's `/health/cluster` (role, serving, applied, lag, lease); `None` when its
+        health endpoint does not answer."""
+        try:
+            return requests.get(f"http://{node_ip(node)}:9464/health/cluster", timeout=1).json()
+        except (requests.RequestException, ValueError):
+            return None
+
     def writer(self) -> str | None:
+        """The node serving as the writer, by its health endpoint."""
         for n in ("hub1", "hub2", "hub3"):
-            try:
-                if requests.get(f"http://{node_ip(n)}:9464/health/live", timeout=1).status_code == 200:
-                    return n
-            except requests.RequestException:
-                pass
+            s = self.standing(n)
+            if s and s["role"] == "writer" and s["serving"]:
+                return n
         return None
 
     def wait_for_writer(self, timeout: float = 60, other_than: str | None = None) -> str:

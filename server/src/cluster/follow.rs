@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::lease::{Holder, Promotion, Renewal, WriterLease};
 use super::link::LOG_STREAM;
+use super::standing::{Role, Standing};
 use super::{ClusterError, Link};
 
 /// Where a follower's applying is told: the sequence applied, and the partitions each entry
@@ -28,6 +29,22 @@ use super::{ClusterError, Link};
 pub struct Progress {
     pub applied: tokio::sync::watch::Sender<u64>,
     pub advanced: Box<dyn Fn(&[(u16, u64)]) + Send + Sync>,
+    /// The node's standing: what it applied and the log's state go there too.
+    pub standing: Arc<Standing>,
+}
+
+impl Progress {
+    fn applied(&self, applied: u64) {
+        self.applied.send_replace(applied);
+        self.standing.set_applied(applied);
+    }
+}
+
+/// Reads the log's state from its stream leader into the node's standing; its end.
+async fn read_log_state(link: &Link, standing: &Standing) -> Result<u64, ClusterError> {
+    let (first, end, bytes) = link.log_state().await?;
+    standing.set_log(first, end, bytes);
+    Ok(end)
 }
 
 /// Opens the replica, waiting while an earlier handle of this process (the store of a writer
@@ -113,8 +130,10 @@ pub async fn follow_until_writer(
         return super::seed::seed_new_cluster(link, Arc::clone(replica), me, shutdown).await;
     }
     let mut applied = replica.applied_sequence().map_err(replica_err)?;
-    progress.applied.send_replace(applied);
+    progress.standing.set_role(Role::Follower);
+    progress.applied(applied);
     super::trim::check_can_follow(link, applied).await?;
+    read_log_state(link, &progress.standing).await?;
     tracing::info!(node = %link.section.node, applied, "following the commit log");
     let mut state = Following {
         entries: open_reader(link, applied + 1).await?,
@@ -139,7 +158,7 @@ pub async fn follow_until_writer(
                 let advanced = tokio::task::block_in_place(|| replica.apply(seq, &message.payload))
                     .map_err(replica_err)?;
                 applied = applied.max(seq);
-                progress.applied.send_replace(applied);
+                progress.applied(applied);
                 if let Some(advanced) = advanced.filter(|a| !a.is_empty()) {
                     (progress.advanced)(&advanced);
                 }
@@ -151,7 +170,7 @@ pub async fn follow_until_writer(
                 // free to take the lease on the next one, when the leader is back.
                 let round = tokio::time::timeout(
                     link.section.lease / 3,
-                    tick_round(link, replica, me, applied, &mut state),
+                    tick_round(link, replica, me, applied, &progress.standing, &mut state),
                 )
                 .await;
                 match round {
@@ -189,11 +208,20 @@ async fn tick_round(
     replica: &Arc<Replica>,
     me: &Holder,
     applied: u64,
+    standing: &Standing,
     state: &mut Following,
 ) -> Result<(), ClusterError> {
+    // A stream electing a leader does not answer: the next tick asks again.
+    let log_end = match read_log_state(link, standing).await {
+        Ok(end) => Some(end),
+        Err(e) => {
+            tracing::debug!(error = %e, "the commit log's state is not known this round");
+            None
+        }
+    };
     // An ordered consumer notices a lost server only after missing two idle heartbeats
     // (30 s): a reader quiet while the log has more is started again.
-    if state.last_entry.elapsed() >= STALL && link.log_end().await? > applied {
+    if state.last_entry.elapsed() >= STALL && log_end.is_some_and(|end| end > applied) {
         super::trim::check_can_follow(link, applied).await?;
         tracing::info!(applied, "the commit log reader stalled; reading again");
         state.entries = open_reader(link, applied + 1).await?;
@@ -204,6 +232,7 @@ async fn tick_round(
     match lease.as_mut() {
         None => {
             if let Some(taken) = WriterLease::try_acquire(link, me).await? {
+                standing.set_role(Role::CatchingUp);
                 *target = link.log_end().await?;
                 tracing::info!(
                     applied,
@@ -217,6 +246,7 @@ async fn tick_round(
         Some(held) => {
             if held.renew().await == Renewal::Lost {
                 tracing::warn!("lost the writer lease while catching up");
+                standing.set_role(Role::Follower);
                 *lease = None;
                 *target = u64::MAX;
             }

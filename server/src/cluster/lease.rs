@@ -94,6 +94,8 @@ impl WriterLease {
         me: &Holder,
     ) -> Result<Option<WriterLease>, ClusterError> {
         let value = me.encode();
+        // The key's time counts from when NATS stored it, which is after this.
+        let asked = Instant::now();
         let taken = match link.lease.create(LEASE_KEY, value.clone()).await {
             Ok(revision) => Some(revision),
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
@@ -117,7 +119,7 @@ impl WriterLease {
             bucket: link.lease.clone(),
             value,
             revision,
-            renewed: Instant::now(),
+            renewed: asked,
             ttl: link.section.lease,
         }))
     }
@@ -130,6 +132,14 @@ impl WriterLease {
     /// Whether the lease has gone unrenewed for its whole time (someone else may hold it).
     pub fn expired(&self) -> bool {
         self.renewed.elapsed() >= self.ttl
+    }
+
+    /// Until when this holder may act as the writer without a renewal: a tenth of the lease
+    /// before its value can expire in NATS (the key's time starts when NATS stored the last
+    /// renewal, after it was asked, and NATS expires keys late, never early), so a holder cut
+    /// off from NATS stops before another node can take the lease.
+    pub fn valid_until(&self) -> Instant {
+        self.renewed + self.ttl - self.ttl / 10
     }
 
     /// Renews the lease by revision, within a third of the lease time (a bucket without a

@@ -272,13 +272,27 @@ impl Link {
     /// # Errors
     /// NATS unreachable, or the stream without a leader.
     pub async fn log_span(&self) -> Result<(u64, u64), ClusterError> {
+        let (first, last, _) = self.log_state().await?;
+        Ok((first, last))
+    }
+
+    /// The log's first and last sequences and the bytes it holds, as its stream leader sees
+    /// them.
+    ///
+    /// # Errors
+    /// NATS unreachable, or the stream without a leader.
+    pub async fn log_state(&self) -> Result<(u64, u64, u64), ClusterError> {
         let info = self
             .log_stream()
             .await?
             .get_info()
             .await
             .map_err(|e| ClusterError::nats("the commit log's state", e))?;
-        Ok((info.state.first_sequence, info.state.last_sequence))
+        Ok((
+            info.state.first_sequence,
+            info.state.last_sequence,
+            info.state.bytes,
+        ))
     }
 
     /// Drops the log's entries up to and including `through`.

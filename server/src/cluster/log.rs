@@ -90,6 +90,11 @@ impl JetStreamLog {
         self.failed.cancel();
     }
 
+    /// The sequence of this writer's last entry (or the end it started from).
+    pub fn last_sequence(&self) -> u64 {
+        self.last.load(Ordering::Acquire)
+    }
+
     pub fn is_fenced(&self) -> bool {
         self.fenced.load(Ordering::Acquire)
     }
@@ -104,6 +109,13 @@ impl JetStreamLog {
                     .await
                     .unwrap_or_else(|_| Err(LogError::Unavailable("no acknowledgement".into())));
             match attempt {
+                // A writer fenced meanwhile (its lease ran out) answers its callers now: the
+                // entry may or may not be stored, as with any unanswered append.
+                Err(LogError::Unavailable(e)) if self.is_fenced() => {
+                    return Err(LogError::Unavailable(format!(
+                        "{e}; this writer stepped down meanwhile"
+                    )))
+                }
                 Err(LogError::Unavailable(e)) if tokio::time::Instant::now() < give_up => {
                     tracing::warn!(error = %e, expected, "commit log publish unanswered; sending it again");
                     tokio::time::sleep(RETRY_PAUSE).await;
@@ -140,10 +152,13 @@ impl CommitLog for JetStreamLog {
             return Err(LogError::Fenced { expected });
         }
         let entry = Bytes::from(entry);
+        let started = std::time::Instant::now();
         // The commit thread is not a runtime thread, so it may wait on the runtime here.
         let outcome = self
             .runtime
             .block_on(self.publish_patiently(entry, expected));
+        metrics::histogram!("ferrohub_cluster_append_seconds")
+            .record(started.elapsed().as_secs_f64());
         match outcome {
             Ok(seq) => {
                 self.last.store(seq, Ordering::Release);

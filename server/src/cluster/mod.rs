@@ -27,6 +27,7 @@ pub mod link;
 pub mod log;
 pub mod secret;
 pub mod seed;
+pub mod standing;
 pub mod tls_share;
 pub mod trim;
 pub mod writer;

@@ -38,6 +38,18 @@ pub async fn render(ctx: &HubContext) -> String {
     text
 }
 
+/// The metrics of a node that serves no hub now (a cluster node between roles, or cut off):
+/// the process's and the cluster's.
+pub fn render_without_hub() -> String {
+    if let Some((rss, fds)) = process_usage() {
+        metrics::gauge!("process_resident_memory_bytes").set(rss as f64);
+        metrics::gauge!("process_open_fds").set(fds as f64);
+    }
+    let mut text = recorder().render();
+    crate::latency::render_into(&mut text);
+    text
+}
+
 /// Sets the gauges read from outside the metrics facade.
 async fn refresh(ctx: &HubContext) {
     if let Some((rss, fds)) = process_usage() {

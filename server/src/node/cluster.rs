@@ -4,24 +4,34 @@
 //!
 //! # Invariants
 //! - A follower serves clients only once its replica holds a hub (the first writer's
-//!   settings); until then its ports are closed and clients go to other nodes.
+//!   settings) and while its standing allows ([`Standing::may_follow_serve`]: NATS reachable,
+//!   the log applied up to the end read since); otherwise its ports are closed and clients go
+//!   to other nodes. A follower cut off from NATS stops serving, and serves again once back
+//!   and caught up.
+//! - The writer stops serving when its lease runs out unrenewed, before another node can
+//!   take it ([`writer::hold`]).
+//! - The operations listener (health, metrics) runs for the node's whole life, whatever its
+//!   role ([`super::health`]).
 //! - Before this node opens a writing store on its directory, the follower's services have
 //!   stopped and every handle of the replica's store is gone; a writing store that finds the
 //!   directory still held is tried again.
 
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferrohub_engine::hub::HubSettings;
 use ferrohub_engine::{Durability, OpenError, Store};
+use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use super::health::ClusterOps;
 use super::listeners::{serve_follower, serve_store};
 use super::{db_path, initialise_settings, store_config, NodeError, Opened};
 use crate::clock::Clock;
 use crate::cluster::bus::Bus;
 use crate::cluster::follow::{self, Progress};
+use crate::cluster::standing::{self, Role, Standing};
 use crate::cluster::{log::JetStreamLog, tls_share, trim, writer, ClusterError, Link};
 use crate::config::Config;
 use crate::hub::cluster::Cluster;
@@ -67,6 +77,7 @@ async fn follow(
     config: &Config,
     link: &Link,
     bus: &Bus,
+    ops: &Arc<ClusterOps>,
     shutdown: &CancellationToken,
 ) -> Result<Followed, NodeError> {
     let me = lease_holder(config)?;
@@ -75,18 +86,19 @@ async fn follow(
         return Ok(Followed::Shutdown);
     };
     let (applied_tx, applied) = tokio::sync::watch::channel(0);
-    // Readers of the partitions an entry added to are woken once the hub serves.
-    let readers: Arc<OnceLock<Arc<D2cNotify>>> = Arc::default();
+    // Readers of the partitions an entry added to are woken while the hub serves.
+    let readers: Arc<Mutex<Option<Arc<D2cNotify>>>> = Arc::default();
     let woken = Arc::clone(&readers);
     let progress = Progress {
         applied: applied_tx,
         advanced: Box::new(move |advanced| {
-            if let Some(d2c) = woken.get() {
+            if let Some(d2c) = woken.lock().as_ref() {
                 for &(p, seq) in advanced {
                     d2c.appended(p, seq);
                 }
             }
         }),
+        standing: Arc::clone(&ops.standing),
     };
     let stop_serving = shutdown.child_token();
     // A directory from outside any log seeds a new cluster first (`cluster::seed`): it serves
@@ -101,25 +113,18 @@ async fn follow(
     if seeding {
         stop_serving.cancel();
     }
-    let serving = {
-        let (data_dir, config, store) = (data_dir.to_path_buf(), config.clone(), replica.store());
-        let cluster = Arc::new(Cluster::follower(
-            bus.clone(),
+    let serving = tokio::spawn(serve_while_in_standing(
+        FollowerServing {
+            data_dir: data_dir.to_path_buf(),
+            config: config.clone(),
+            store: replica.store(),
+            bus: bus.clone(),
             applied,
-            stop_serving.clone(),
-        ));
-        let stop = stop_serving.clone();
-        tokio::spawn(async move {
-            let Some(hub) = wait_for_hub(&store, &stop).await else {
-                return Ok(());
-            };
-            let serving = move |ctx: &crate::hub::HubContext| {
-                let _ = readers.set(Arc::clone(&ctx.d2c));
-            };
-            tracing::info!("serving clients as a follower");
-            serve_follower(&data_dir, &config, store, hub, cluster, serving, stop).await
-        })
-    };
+            ops: Arc::clone(ops),
+            readers,
+        },
+        stop_serving.clone(),
+    ));
     let mut followed = follow::follow_until_writer(link, &replica, &me, &progress, shutdown).await;
     stop_serving.cancel();
     // The follower's connections close before the writer's store opens; the lease must not
@@ -146,6 +151,80 @@ async fn follow(
         Err(e) => {
             tracing::warn!(error = %e, "following the commit log failed; following again");
             Ok(Followed::Again)
+        }
+    }
+}
+
+/// What a follower serves with, spell after spell.
+struct FollowerServing {
+    data_dir: std::path::PathBuf,
+    config: Config,
+    store: Arc<Store>,
+    bus: Bus,
+    applied: tokio::sync::watch::Receiver<u64>,
+    ops: Arc<ClusterOps>,
+    readers: Arc<Mutex<Option<Arc<D2cNotify>>>>,
+}
+
+/// Serves clients from the replica whenever the node's standing allows, until `stop`: a spell
+/// of serving ends (its connections closed) when the standing no longer allows it.
+async fn serve_while_in_standing(
+    f: FollowerServing,
+    stop: CancellationToken,
+) -> Result<(), NodeError> {
+    let Some(hub) = wait_for_hub(&f.store, &stop).await else {
+        return Ok(());
+    };
+    let mut may_serve = f.ops.standing.may_follow_serve();
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return Ok(()),
+            allowed = may_serve.wait_for(|may| *may) => if allowed.is_err() { return Ok(()) },
+        }
+        let spell = stop.child_token();
+        let cluster = Arc::new(Cluster::follower(
+            f.bus.clone(),
+            f.applied.clone(),
+            spell.clone(),
+        ));
+        let readers = Arc::clone(&f.readers);
+        let serving = move |ctx: &crate::hub::HubContext| {
+            *readers.lock() = Some(Arc::clone(&ctx.d2c));
+        };
+        tracing::info!("serving clients as a follower");
+        let served = serve_follower(
+            &f.data_dir,
+            &f.config,
+            Arc::clone(&f.store),
+            hub.clone(),
+            cluster,
+            Arc::clone(&f.ops),
+            serving,
+            spell.clone(),
+        );
+        tokio::pin!(served);
+        let ended = tokio::select! {
+            out = &mut served => Some(out),
+            _ = may_serve.wait_for(|may| !*may) => None,
+        };
+        let out = match ended {
+            Some(out) => out,
+            None => {
+                if f.ops.standing.role() == Role::Follower {
+                    tracing::warn!(
+                        "NATS unreachable for the lease time: this follower stops serving \
+                         until it reaches NATS again and catches up"
+                    );
+                }
+                spell.cancel();
+                served.await
+            }
+        };
+        *f.readers.lock() = None;
+        out?;
+        if stop.is_cancelled() {
+            return Ok(());
         }
     }
 }
@@ -241,6 +320,44 @@ pub(super) async fn serve_cluster(
     let bus = Bus::start(link.client.clone(), &config.cluster.node)
         .await
         .map_err(fatal)?;
+    let standing = Standing::new(&config.cluster.node, config.cluster.lease);
+    let ops = ClusterOps::new(Arc::clone(&standing));
+    let ops_stop = CancellationToken::new();
+    let (ops_addr, ops_task) = crate::transport::ops::serve(
+        config.listeners.metrics,
+        Arc::clone(&ops) as Arc<dyn crate::transport::ops::OpsSource>,
+        ops_stop.clone(),
+    )
+    .map_err(|reason| NodeError::Bind {
+        addr: config.listeners.metrics,
+        reason,
+    })?;
+    println!("listening metrics={ops_addr}");
+    let contact_stop = shutdown.child_token();
+    let contact = tokio::spawn(standing::watch_contact(
+        link.client.clone(),
+        Arc::clone(&standing),
+        config.cluster.lease / 5,
+        contact_stop.clone(),
+    ));
+    let served = roles(data_dir, &config, &link, &bus, &ops, &shutdown).await;
+    contact_stop.cancel();
+    let _ = contact.await;
+    ops_stop.cancel();
+    let _ = ops_task.await;
+    served
+}
+
+/// The node's roles one after another: follower, writer, follower again..., until `shutdown`.
+async fn roles(
+    data_dir: &Path,
+    config: &Config,
+    link: &Link,
+    bus: &Bus,
+    ops: &Arc<ClusterOps>,
+    shutdown: &CancellationToken,
+) -> Result<(), NodeError> {
+    let standing = &ops.standing;
     let pause = || async {
         tokio::select! {
             _ = shutdown.cancelled() => {}
@@ -249,7 +366,8 @@ pub(super) async fn serve_cluster(
     };
     let db = db_path(data_dir);
     loop {
-        let promotion = match follow(data_dir, &config, &link, &bus, &shutdown).await? {
+        standing.set_role(Role::Starting);
+        let promotion = match follow(data_dir, config, link, bus, ops, shutdown).await? {
             Followed::Writer(p) => p,
             Followed::Shutdown => return Ok(()),
             Followed::Again => {
@@ -286,7 +404,7 @@ pub(super) async fn serve_cluster(
         let clock = Clock::system();
         let (opened, lost) = promotion
             .lease
-            .keep_during(open_writer_store(&db, &config, Arc::clone(&log), &clock))
+            .keep_during(open_writer_store(&db, config, Arc::clone(&log), &clock))
             .await;
         if lost {
             tracing::warn!("lost the writer lease while opening the store; following again");
@@ -303,7 +421,14 @@ pub(super) async fn serve_cluster(
             }
         };
         let stop = shutdown.child_token();
-        let keeper = tokio::spawn(writer::hold(promotion.lease, log, stop.clone()));
+        standing.set_role(Role::Writer);
+        let keeper = tokio::spawn(writer::hold(
+            promotion.lease,
+            link.clone(),
+            log,
+            Arc::clone(standing),
+            stop.clone(),
+        ));
         let trimmer = tokio::spawn(trim::run_on_writer(
             link.clone(),
             Arc::downgrade(&store),
@@ -318,7 +443,15 @@ pub(super) async fn serve_cluster(
             recovery: false,
         };
         let cluster = Arc::new(Cluster::writer(bus.clone()));
-        let served = serve_store(data_dir, &config, opened, stop.clone(), Some(cluster)).await;
+        let served = serve_store(
+            data_dir,
+            config,
+            opened,
+            stop.clone(),
+            Some((cluster, Arc::clone(ops))),
+        )
+        .await;
+        standing.set_role(Role::Starting);
         stop.cancel();
         let _ = trimmer.await;
         let lease = keeper.await.ok().flatten();

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use warp::Filter;
 
+use super::health::ClusterOps;
 use super::{
     db_path, event_hubs_connection_string, policy_connection_string,
     provisioning_connection_string, store_config, NodeError, Opened, Services,
@@ -121,6 +122,14 @@ fn print_banner(data_dir: &Path, hub: &HubSettings) {
     }
 }
 
+/// Where a node's operations listener comes from.
+pub(super) enum Ops {
+    /// A single node runs its own while it serves.
+    Own,
+    /// A cluster node's runs for the node's life; serving attaches the hub to it.
+    Cluster(Arc<ClusterOps>),
+}
+
 /// Serves `opened` (a single node, or a cluster's writer when `cluster` says so) until
 /// `shutdown` is cancelled, then drains and closes the store.
 pub(super) async fn serve_store(
@@ -128,8 +137,12 @@ pub(super) async fn serve_store(
     config: &Config,
     opened: Opened,
     shutdown: CancellationToken,
-    cluster: Option<Arc<Cluster>>,
+    cluster: Option<(Arc<Cluster>, Arc<ClusterOps>)>,
 ) -> Result<(), NodeError> {
+    let (cluster, ops) = match cluster {
+        Some((cluster, ops)) => (Some(cluster), Ops::Cluster(ops)),
+        None => (None, Ops::Own),
+    };
     let Opened {
         store,
         hub,
@@ -155,7 +168,7 @@ pub(super) async fn serve_store(
             shutdown.clone(),
         ))
     });
-    serve_services(data_dir, config, bound, services, recovery, true, shutdown).await
+    serve_services(data_dir, config, bound, services, recovery, ops, shutdown).await
 }
 
 /// Serves a cluster follower's hub over its replica's `store` (writes go to the writer)
@@ -166,6 +179,7 @@ pub(super) async fn serve_follower(
     store: Arc<Store>,
     hub: HubSettings,
     cluster: Arc<Cluster>,
+    ops: Arc<ClusterOps>,
     serving: impl FnOnce(&hub::HubContext),
     shutdown: CancellationToken,
 ) -> Result<(), NodeError> {
@@ -180,9 +194,16 @@ pub(super) async fn serve_follower(
     )
     .await?;
     serving(&services.ctx);
-    // The operations listener is the writer's alone: `run-cluster.sh --writer` and health
-    // checks that follow the writer find it by it.
-    serve_services(data_dir, config, bound, services, None, false, shutdown).await
+    serve_services(
+        data_dir,
+        config,
+        bound,
+        services,
+        None,
+        Ops::Cluster(ops),
+        shutdown,
+    )
+    .await
 }
 
 /// Runs the listeners over `services` until `shutdown`, then drains and closes the store.
@@ -192,7 +213,7 @@ async fn serve_services(
     bound: Bound,
     services: Services,
     recovery: Option<tokio::task::JoinHandle<()>>,
-    with_ops: bool,
+    ops: Ops,
     shutdown: CancellationToken,
 ) -> Result<(), NodeError> {
     let paths = TlsPaths::new(data_dir);
@@ -213,17 +234,17 @@ async fn serve_services(
     let readiness = crate::transport::ops::Readiness::default();
     // The ops listener outlives the drain, so readiness can be seen going false.
     let ops_stop = CancellationToken::new();
-    let ops = if with_ops {
-        let (addr, task) = crate::transport::ops::serve(
-            config.listeners.metrics,
-            ctx.clone(),
-            readiness.clone(),
-            ops_stop.clone(),
-        )
-        .map_err(|reason| NodeError::Bind {
-            addr: config.listeners.metrics,
-            reason,
-        })?;
+    let own_ops = if matches!(ops, Ops::Own) {
+        let source = Arc::new(crate::transport::ops::HubOps {
+            ctx: ctx.clone(),
+            readiness: readiness.clone(),
+        });
+        let (addr, task) =
+            crate::transport::ops::serve(config.listeners.metrics, source, ops_stop.clone())
+                .map_err(|reason| NodeError::Bind {
+                    addr: config.listeners.metrics,
+                    reason,
+                })?;
         println!("listening metrics={addr}");
         Some(task)
     } else {
@@ -275,8 +296,14 @@ async fn serve_services(
     println!("listening https={https_addr}");
     tracing::info!(%https_addr, %mqtt_addr, %amqp_addr, "listening");
     readiness.set(true);
+    if let Ops::Cluster(ops) = &ops {
+        ops.attach(ctx.clone());
+    }
     shutdown.cancelled().await;
     readiness.set(false);
+    if let Ops::Cluster(ops) = &ops {
+        ops.detach();
+    }
     let not_ready_since = tokio::time::Instant::now();
     tracing::info!("shutting down: no new connections; draining");
     for t in listeners {
@@ -298,7 +325,7 @@ async fn serve_services(
         .await
         .map_err(|e| NodeError::Other(e.to_string()))?;
     tracing::info!("store closed");
-    if let Some(ops) = ops {
+    if let Some(ops) = own_ops {
         // A readiness probe needs a moment to see "not ready" before the listener goes away.
         tokio::time::sleep_until(not_ready_since + READINESS_LINGER).await;
         ops_stop.cancel();

@@ -40,6 +40,7 @@ pub enum NodeError {
 }
 
 mod cluster;
+mod health;
 mod listeners;
 
 use cluster::serve_cluster;
