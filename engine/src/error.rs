@@ -83,6 +83,15 @@ pub enum OpenError {
     Directory { path: String, reason: String },
     #[error("the database in {path} is in use by another process (a running hub?): {reason}")]
     InUse { path: String, reason: String },
+    /// A cluster node's replica opened to write outside the commit log: what it wrote would be
+    /// in no log, and the node would diverge from every other.
+    #[error(
+        "{path} is a cluster node's replica (it applied the commit log up to entry {applied}): \
+         run it with its [cluster] section; commands that only read it (backup, export, \
+         connection-string, ca list) still work. To run this hub as a single node, `ferrohub export` it and \
+         `ferrohub restore` the export into a new data directory"
+    )]
+    ClusterReplica { path: String, applied: u64 },
 }
 
 /// Input the registry refuses; each maps to an IoT Hub 400 error.

@@ -70,7 +70,7 @@ pub use error::{HubError, OpenError, RegistryError, StorageError, TwinError, Val
 pub use ferrohub_migrations::LATEST_VERSION as SCHEMA_VERSION;
 pub use model::UnixMillis;
 pub use raw::{
-    empty_log_entry, CommitHold, CommitLog, CommitStats, Durability, LogError, LAG_NAP,
+    empty_log_entry, CommitHold, CommitLog, CommitStats, Durability, LogError, LogTip, LAG_NAP,
     LAG_SYNC_WITHIN,
 };
 /// Batches that may wait for the committer by default (see [`StoreConfig::commit_queue_depth`]).
@@ -196,6 +196,8 @@ impl Store {
     /// # Errors
     /// [`OpenError::Schema`] when the database is newer than this build (nothing is changed) or
     /// a migration fails; [`OpenError::Storage`] or [`OpenError::Directory`] otherwise.
+    /// A cluster node's replica is refused ([`OpenError::ClusterReplica`]): a single node's
+    /// writes there would be in no commit log.
     pub fn open(path: &Path, config: StoreConfig) -> Result<Store, OpenError> {
         Self::open_at_version(path, config, SCHEMA_VERSION)
     }
@@ -208,7 +210,16 @@ impl Store {
         config: StoreConfig,
         version: u32,
     ) -> Result<Store, OpenError> {
-        Self::open_with_log(path, config, version, None)
+        Self::open_with_log(path, config, version, None, false)
+    }
+
+    /// Opens the database exclusively to copy it out (a backup's checkpoint, an export),
+    /// whether it is a single node's or a cluster node's replica: the caller writes nothing.
+    ///
+    /// # Errors
+    /// As [`Store::open`], but a replica is no error.
+    pub fn open_to_copy(path: &Path, config: StoreConfig) -> Result<Store, OpenError> {
+        Self::open_with_log(path, config, SCHEMA_VERSION, None, true)
     }
 
     /// Opens the store of a cluster's writer: every commit group is appended to `log`, and
@@ -222,14 +233,18 @@ impl Store {
         config: StoreConfig,
         log: std::sync::Arc<dyn CommitLog>,
     ) -> Result<Store, OpenError> {
-        Self::open_with_log(path, config, SCHEMA_VERSION, Some(log))
+        Self::open_with_log(path, config, SCHEMA_VERSION, Some(log), true)
     }
 
+    /// `replica_allowed`: whether a database that applied commit log entries may be opened
+    /// (by the writer, with its log, or to copy it out); otherwise it is refused before
+    /// anything of the store's own opening writes to it.
     fn open_with_log(
         path: &Path,
         config: StoreConfig,
         version: u32,
         log: Option<std::sync::Arc<dyn CommitLog>>,
+        replica_allowed: bool,
     ) -> Result<Store, OpenError> {
         let raw = raw::Raw::open(
             path,
@@ -238,6 +253,15 @@ impl Store {
             version,
             log,
         )?;
+        if !replica_allowed {
+            let applied = raw.applied_log_sequence()?;
+            if applied > 0 {
+                return Err(OpenError::ClusterReplica {
+                    path: path.display().to_string(),
+                    applied,
+                });
+            }
+        }
         // Before version 3 there are no D2C partitions (and no column family to record them).
         let partition_count = if version >= 3 {
             builtin_partition_count(&raw, config.d2c_partitions)?

@@ -55,6 +55,31 @@ impl Replica {
         self.store.raw.synced_applied_log_sequence()
     }
 
+    /// The last entry this replica applied (or its store wrote as the writer): its sequence
+    /// and checksum, if recorded (databases of earlier versions did not).
+    ///
+    /// # Errors
+    /// [`StorageError`] when the record cannot be read.
+    pub fn log_tip(&self) -> Result<Option<crate::LogTip>, StorageError> {
+        self.store.raw.log_tip()
+    }
+
+    /// The commit log this replica follows, as recorded by [`Replica::record_log_identity`].
+    ///
+    /// # Errors
+    /// [`StorageError`] when the record cannot be read.
+    pub fn log_identity(&self) -> Result<Option<String>, StorageError> {
+        self.store.raw.log_identity()
+    }
+
+    /// Records which commit log this replica follows (synced), so it never follows another.
+    ///
+    /// # Errors
+    /// The database's failure.
+    pub fn record_log_identity(&self, identity: &str) -> Result<(), StorageError> {
+        self.store.raw.record_log_identity(identity)
+    }
+
     /// Whether the database holds a hub that did not come from a cluster's log (one served or
     /// restored as a single node): its contents are in no log, so it cannot join one.
     ///

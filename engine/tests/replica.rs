@@ -115,7 +115,7 @@ fn a_refused_append_writes_nothing_and_stops_the_writer() {
     let reopened = Replica::open(dir.path()).unwrap();
     assert_eq!(reopened.applied_sequence().unwrap(), applied);
     drop(reopened);
-    let store = common::open(dir.path());
+    let store = Store::open_read_only(dir.path()).unwrap();
     assert!(store.get_device("kept").is_ok());
     assert!(store.get_device("lost").is_err());
 }
@@ -297,4 +297,70 @@ fn a_followers_store_reads_what_the_log_wrote_and_refuses_writes() {
         ))
     ));
     assert!(store.get_device("mine").is_err());
+}
+
+#[test]
+fn a_replica_records_its_last_entry_and_refuses_a_single_nodes_open() {
+    let (w, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = Arc::new(VecLog::default());
+    let writer = Store::open_replicated(w.path(), StoreConfig::default(), log.clone()).unwrap();
+    writer
+        .create_device("a", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    writer
+        .create_device("b", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    drop(writer);
+    let entries = log.entries.lock().clone();
+    let last = entries.len() as u64;
+
+    let replica = Replica::open(r.path()).unwrap();
+    assert_eq!(replica.log_tip().unwrap(), None);
+    assert_eq!(replica.log_identity().unwrap(), None);
+    for (i, entry) in entries.iter().enumerate() {
+        replica.apply(i as u64 + 1, entry).unwrap();
+    }
+    let tip = replica.log_tip().unwrap().expect("a tip after applying");
+    assert_eq!(
+        tip,
+        ferrohub_engine::LogTip::of(last, &entries[last as usize - 1])
+    );
+    assert_ne!(tip, ferrohub_engine::LogTip::of(last, b"another entry"));
+    replica
+        .record_log_identity("FERROHUB_LOG created at 1 ns")
+        .unwrap();
+    assert_eq!(
+        replica.log_identity().unwrap().as_deref(),
+        Some("FERROHUB_LOG created at 1 ns")
+    );
+    drop(replica);
+
+    // The writer's own store records the same tip for what it wrote.
+    let writer = Store::open_replicated(w.path(), StoreConfig::default(), log.clone()).unwrap();
+    drop(writer);
+    let writer_dir = Replica::open(w.path()).unwrap();
+    assert_eq!(writer_dir.log_tip().unwrap(), Some(tip));
+    drop(writer_dir);
+
+    // A single node's open (serve without [cluster], ca add, restore) is refused; copying it
+    // out and reading it are not.
+    match Store::open(r.path(), StoreConfig::default()) {
+        Err(ferrohub_engine::OpenError::ClusterReplica { applied, .. }) => {
+            assert_eq!(applied, last)
+        }
+        Err(other) => panic!("another error: {other}"),
+        Ok(_) => panic!("a cluster replica opened as a single node"),
+    }
+    let copy = Store::open_to_copy(r.path(), StoreConfig::default()).unwrap();
+    assert!(copy.get_device("a").is_ok());
+    drop(copy);
+    let read = Store::open_read_only(r.path()).unwrap();
+    assert!(read.get_device("b").is_ok());
+    drop(read);
+    let replica = Replica::open(r.path()).unwrap();
+    assert_eq!(
+        replica.applied_sequence().unwrap(),
+        last,
+        "nothing was written"
+    );
 }

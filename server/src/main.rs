@@ -408,8 +408,11 @@ fn connection_string(
 fn ca(action: CaAction) -> anyhow::Result<()> {
     use ferrohub_engine::hub::CertificateAuthority;
     let open = |dir: &PathBuf| -> anyhow::Result<Store> {
-        Store::open(&db_path(dir), ferrohub_engine::StoreConfig::default()).map_err(|e| {
-            anyhow::anyhow!("{e} (is the hub running? use the REST API /certificates then)")
+        Store::open(&db_path(dir), ferrohub_engine::StoreConfig::default()).map_err(|e| match e {
+            ferrohub_engine::OpenError::InUse { .. } => {
+                anyhow::anyhow!("{e} (is the hub running? use the REST API /certificates then)")
+            }
+            other => anyhow::anyhow!(other),
         })
     };
     match action {

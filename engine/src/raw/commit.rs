@@ -511,6 +511,7 @@ fn write_group(
         for p in group {
             log::encode_ops(&mut entry, &p.batch.ops);
         }
+        let crc32 = crc32fast::hash(&entry);
         let seq = log.append(entry).map_err(|e| {
             shared.poisoned.store(true, Ordering::Release);
             tracing::error!(error = %e, "commit log append failed; refusing further writes");
@@ -526,6 +527,14 @@ fn write_group(
             meta,
             log::APPLIED_KEY,
             ferrohub_migrations::record::encode(&seq),
+        );
+        wb.put_cf(
+            meta,
+            log::TIP_KEY,
+            ferrohub_migrations::record::encode(&log::LogTip {
+                sequence: seq,
+                crc32,
+            }),
         );
     }
     for p in group {

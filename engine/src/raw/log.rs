@@ -24,6 +24,29 @@ use crate::error::StorageError;
 
 /// `meta` key of the last log sequence this database applied (absent: none).
 pub(crate) const APPLIED_KEY: &[u8] = b"cluster_applied_seq";
+/// `meta` key of the last entry this database applied or wrote: its sequence and the CRC-32
+/// of its bytes, written with it, so a node can tell whether the log still holds that entry
+/// (a log recreated or rewritten holds another one there).
+pub(crate) const TIP_KEY: &[u8] = b"cluster_log_tip";
+/// `meta` key of the commit log this database follows (its stream's identity, as the cluster
+/// names it), recorded when the node first follows it.
+pub(crate) const LOG_IDENTITY_KEY: &[u8] = b"cluster_log_identity";
+
+/// The last entry a database holds: its log sequence and the CRC-32 of its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LogTip {
+    pub sequence: u64,
+    pub crc32: u32,
+}
+
+impl LogTip {
+    pub fn of(sequence: u64, entry: &[u8]) -> LogTip {
+        LogTip {
+            sequence,
+            crc32: crc32fast::hash(entry),
+        }
+    }
+}
 
 /// Entry format version, the entry's first byte.
 const FORMAT: u8 = 1;
@@ -190,7 +213,8 @@ impl Raw {
                 let (Some(key), Some(value)) = (it.key(), it.value()) else {
                     break;
                 };
-                if !(name == cf::META && key == APPLIED_KEY) {
+                // What makes a database a replica of one log stays out of the seed.
+                if !(name == cf::META && [APPLIED_KEY, TIP_KEY, LOG_IDENTITY_KEY].contains(&key)) {
                     let op_len = 2 + name.len() + 8 + key.len() + value.len();
                     if entry.len() > 1 && entry.len() + op_len > max_entry_bytes {
                         each(std::mem::replace(&mut entry, entry_header(max_entry_bytes)))?;
@@ -218,6 +242,29 @@ impl Raw {
     pub(crate) fn mark_applied(&self, seq: u64) -> Result<(), StorageError> {
         let mut wb = WriteBatch::default();
         wb.put_cf(self.handle(cf::META)?, APPLIED_KEY, record::encode(&seq));
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db.write_opt(wb, &wo).map_err(super::backend)
+    }
+
+    /// The last entry this database applied or wrote, if it recorded one.
+    pub(crate) fn log_tip(&self) -> Result<Option<LogTip>, StorageError> {
+        self.get_record::<LogTip>(cf::META, TIP_KEY)
+    }
+
+    /// The commit log this database follows, if recorded.
+    pub(crate) fn log_identity(&self) -> Result<Option<String>, StorageError> {
+        self.get_record::<String>(cf::META, LOG_IDENTITY_KEY)
+    }
+
+    /// Records the commit log this database follows (synced).
+    pub(crate) fn record_log_identity(&self, identity: &str) -> Result<(), StorageError> {
+        let mut wb = WriteBatch::default();
+        wb.put_cf(
+            self.handle(cf::META)?,
+            LOG_IDENTITY_KEY,
+            record::encode(&identity.to_string()),
+        );
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
         self.db.write_opt(wb, &wo).map_err(super::backend)
@@ -262,6 +309,11 @@ impl Raw {
         let mut touched = Touched::default();
         decode_into(self, entry, &mut wb, &mut touched)?;
         wb.put_cf(self.handle(cf::META)?, APPLIED_KEY, record::encode(&seq));
+        wb.put_cf(
+            self.handle(cf::META)?,
+            TIP_KEY,
+            record::encode(&LogTip::of(seq, entry)),
+        );
         self.db
             .write_opt(wb, &WriteOptions::default())
             .map_err(super::backend)?;

@@ -34,7 +34,7 @@ pub(crate) use commit::Ticket;
 pub(crate) use commit::MAX_LOG_ENTRY_BYTES;
 pub use commit::{CommitHold, DEFAULT_QUEUE_DEPTH, LAG_NAP, LAG_SYNC_WITHIN};
 pub(crate) use log::Touched;
-pub use log::{empty_entry as empty_log_entry, CommitLog, LogError};
+pub use log::{empty_entry as empty_log_entry, CommitLog, LogError, LogTip};
 
 use crate::error::{KeyDisplay, OpenError, StorageError};
 

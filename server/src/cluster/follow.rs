@@ -87,6 +87,12 @@ async fn report_progress(link: &Link, replica: &Arc<Replica>) {
     }
 }
 
+/// Entries a log reader asks JetStream for at once, so what a catching-up follower buffers is
+/// bounded in bytes: at most this many entries of at most the engine's largest entry (4 MiB),
+/// 128 MiB (the library's default, 500, allowed 2 GiB). The client asks for the next batch
+/// while half of one is still to apply, so reading stays ahead of applying.
+const READ_BATCH: i64 = 32;
+
 /// How long the log reader may stay quiet while the log holds more before it is started again.
 const STALL: Duration = Duration::from_secs(2);
 
@@ -102,6 +108,7 @@ async fn open_reader(link: &Link, start: u64) -> Result<pull::Ordered, ClusterEr
             deliver_policy: DeliverPolicy::ByStartSequence {
                 start_sequence: start,
             },
+            max_batch: READ_BATCH,
             ..Default::default()
         })
         .await
@@ -132,6 +139,7 @@ pub async fn follow_until_writer(
     let mut applied = replica.applied_sequence().map_err(replica_err)?;
     progress.standing.set_role(Role::Follower);
     progress.applied(applied);
+    super::lineage::check_same_log(link, replica, applied).await?;
     super::trim::check_can_follow(link, applied).await?;
     read_log_state(link, &progress.standing).await?;
     tracing::info!(node = %link.section.node, applied, "following the commit log");
@@ -232,7 +240,6 @@ async fn tick_round(
     match lease.as_mut() {
         None => {
             if let Some(taken) = WriterLease::try_acquire(link, me).await? {
-                standing.set_role(Role::CatchingUp);
                 *target = link.log_end().await?;
                 tracing::info!(
                     applied,
@@ -240,6 +247,8 @@ async fn tick_round(
                     "took the writer lease; catching up"
                 );
                 *lease = Some(taken);
+                // Only once the lease is held: a round cut short before leaves a follower.
+                standing.set_role(Role::CatchingUp);
             }
         }
         // Catching up may take longer than the lease: keep it.

@@ -282,17 +282,51 @@ impl Link {
     /// # Errors
     /// NATS unreachable, or the stream without a leader.
     pub async fn log_state(&self) -> Result<(u64, u64, u64), ClusterError> {
-        let info = self
-            .log_stream()
-            .await?
-            .get_info()
-            .await
-            .map_err(|e| ClusterError::nats("the commit log's state", e))?;
+        let info = self.log_info().await?;
         Ok((
             info.state.first_sequence,
             info.state.last_sequence,
             info.state.bytes,
         ))
+    }
+
+    async fn log_info(&self) -> Result<async_nats::jetstream::stream::Info, ClusterError> {
+        self.log_stream()
+            .await?
+            .get_info()
+            .await
+            .map_err(|e| ClusterError::nats("the commit log's state", e))
+    }
+
+    /// The log stream's identity (its name and creation time: a stream deleted and made again,
+    /// or made anew on wiped NATS storage, has another) with its first and last sequences.
+    ///
+    /// # Errors
+    /// NATS unreachable, or the stream without a leader.
+    pub async fn log_identity(&self) -> Result<(String, u64, u64), ClusterError> {
+        let info = self.log_info().await?;
+        Ok((
+            format!(
+                "{LOG_STREAM} created at {} ns",
+                info.created.unix_timestamp_nanos()
+            ),
+            info.state.first_sequence,
+            info.state.last_sequence,
+        ))
+    }
+
+    /// One entry of the log, as stored.
+    ///
+    /// # Errors
+    /// NATS unreachable, the stream without a leader, or no such entry.
+    pub async fn log_entry(&self, sequence: u64) -> Result<bytes::Bytes, ClusterError> {
+        let message = self
+            .log_stream()
+            .await?
+            .get_raw_message(sequence)
+            .await
+            .map_err(|e| ClusterError::nats(&format!("commit log entry {sequence}"), e))?;
+        Ok(message.payload)
     }
 
     /// Drops the log's entries up to and including `through`.

@@ -19,10 +19,14 @@
 //! - A node that NATS refuses, or whose NATS servers' certificates do not verify, stops with an
 //!   error instead of retrying: only an unreachable server is waited for.
 //! - The log keeps every entry some node heard from recently may still need ([`trim`]).
+//! - A node follows only the log its replica came from: it records the log's identity and the
+//!   checksum of the last entry it holds, and refuses a log created anew, one that ends before
+//!   what it applied, or one holding another entry at that sequence ([`lineage`]).
 
 pub mod bus;
 pub mod follow;
 pub mod lease;
+pub mod lineage;
 pub mod link;
 pub mod log;
 pub mod secret;
@@ -64,6 +68,10 @@ pub enum ClusterError {
          configuration"
     )]
     PayloadTooSmall { server: usize, needed: usize },
+    /// This node's replica and the commit log disagree: following would serve a hub that is
+    /// not the cluster's.
+    #[error("this node cannot follow the commit log: {0}")]
+    Diverged(String),
     #[error("[cluster] secret_file is not set")]
     NoSecret,
     #[error("cluster secret: {0}")]

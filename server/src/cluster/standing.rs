@@ -4,8 +4,10 @@
 //!
 //! # Invariants
 //! - NATS counts as reachable while a message this node published came back through the
-//!   server within the last lease time ([`watch_contact`]): a connection cut without a reset
-//!   (a partition, a firewall) stops answering long before the client library notices.
+//!   server within the last lease time ([`watch_contact`]: a connection cut without a reset,
+//!   a partition or a firewall, stops answering long before the client library notices) and
+//!   the log's stream leader answered within the lease too (a NATS server cut off from the
+//!   others still echoes, but has no log to give).
 //! - A follower may serve only while NATS is reachable and it has applied the log up to the
 //!   end it read since it last regained NATS ([`Standing::may_follow_serve`]): a node cut off
 //!   from the log stops serving once the lease time has passed, and one that comes back
@@ -44,6 +46,8 @@ struct State {
     log_end: Option<u64>,
     log_bytes: u64,
     last_contact: Option<Instant>,
+    /// When the log's stream leader last answered (its state read).
+    last_log_answer: Option<Instant>,
     lease_until: Option<Instant>,
     serving: bool,
     /// The log's end read after NATS was last regained; `None` until then.
@@ -94,6 +98,7 @@ impl Standing {
                 log_end: None,
                 log_bytes: 0,
                 last_contact: None,
+                last_log_answer: None,
                 lease_until: None,
                 serving: false,
                 serve_after: None,
@@ -103,7 +108,15 @@ impl Standing {
     }
 
     fn reachable(&self, s: &State) -> bool {
-        s.last_contact.is_some_and(|t| t.elapsed() < self.lease)
+        let recent = |t: Option<Instant>| t.is_some_and(|t| t.elapsed() < self.lease);
+        recent(s.last_contact) && recent(s.last_log_answer)
+    }
+
+    /// Whether a follower may serve in state `s` (see the module invariants).
+    fn follower_may_serve(&self, s: &State) -> bool {
+        s.role == Role::Follower
+            && self.reachable(s)
+            && s.serve_after.is_some_and(|end| s.applied >= end)
     }
 
     /// Recomputes whether a follower may serve, and publishes it.
@@ -112,9 +125,7 @@ impl Standing {
         if !reachable {
             s.serve_after = None;
         }
-        let may = s.role == Role::Follower
-            && reachable
-            && s.serve_after.is_some_and(|end| s.applied >= end);
+        let may = self.follower_may_serve(s);
         self.may_serve.send_if_modified(|old| {
             let changed = *old != may;
             *old = may;
@@ -181,6 +192,7 @@ impl Standing {
     /// The log as last read from its stream leader: first and last sequences, bytes held.
     pub fn set_log(&self, first: u64, end: u64, bytes: u64) {
         let mut s = self.state.lock();
+        s.last_log_answer = Some(Instant::now());
         s.log_first = first;
         s.log_end = Some(end);
         s.log_bytes = bytes;
@@ -209,14 +221,16 @@ impl Standing {
 
     /// Whether this node takes clients and should: what a balancer's health check asks.
     pub fn ready(&self) -> Result<(), String> {
-        let s = self.state.lock();
+        let mut s = self.state.lock();
+        // Time passes between the contact watch's rounds: judge it now.
+        self.settle(&mut s);
         if !s.serving {
             return Err(format!("not serving ({:?})", s.role));
         }
         match s.role {
             Role::Writer if s.lease_until.is_some_and(|t| t > Instant::now()) => Ok(()),
             Role::Writer => Err("the writer lease ran out unrenewed".into()),
-            Role::Follower if *self.may_serve.borrow() => Ok(()),
+            Role::Follower if self.follower_may_serve(&s) => Ok(()),
             Role::Follower => Err("NATS unreachable or the replica behind the log".into()),
             other => Err(format!("between roles ({other:?})")),
         }
@@ -224,6 +238,7 @@ impl Standing {
 
     pub fn report(&self) -> Report {
         let serving = self.ready().is_ok();
+        // `ready` settled the state just now.
         let s = self.state.lock();
         let now = Instant::now();
         Report {

@@ -147,7 +147,7 @@ async fn follow(
     match followed {
         Ok(Some(p)) => Ok(Followed::Writer(p)),
         Ok(None) => Ok(Followed::Shutdown),
-        Err(e @ ClusterError::Replica(_)) => Err(fatal(e)),
+        Err(e @ (ClusterError::Replica(_) | ClusterError::Diverged(_))) => Err(fatal(e)),
         Err(e) => {
             tracing::warn!(error = %e, "following the commit log failed; following again");
             Ok(Followed::Again)
@@ -222,9 +222,15 @@ async fn serve_while_in_standing(
             }
         };
         *f.readers.lock() = None;
-        out?;
         if stop.is_cancelled() {
-            return Ok(());
+            return out;
+        }
+        if let Err(e) = out {
+            tracing::warn!(error = %e, "serving as a follower failed; serving again shortly");
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
         }
     }
 }

@@ -46,6 +46,14 @@ impl ClusterOps {
 
 impl OpsSource for ClusterOps {
     fn ready(&self) -> Result<(), String> {
+        if self
+            .serving
+            .lock()
+            .as_ref()
+            .is_some_and(|ctx| ctx.store.is_poisoned())
+        {
+            return Err("this node's store refuses writes after a failed write".into());
+        }
         self.standing.ready()
     }
 

@@ -72,8 +72,27 @@ struct EndpointExport {
     partitions: u16,
 }
 
+/// Opens the data directory to write (a restore); a cluster node's replica is refused.
 fn open_exclusive(data_dir: &Path, partitions: u16) -> anyhow::Result<Store> {
-    Store::open(
+    open_with(data_dir, partitions, Store::open)
+}
+
+/// Opens the data directory to copy it out (a backup, an export), a cluster node's replica
+/// too: nothing is written.
+fn open_to_copy(data_dir: &Path) -> anyhow::Result<Store> {
+    open_with(
+        data_dir,
+        ferrohub_engine::DEFAULT_D2C_PARTITIONS,
+        Store::open_to_copy,
+    )
+}
+
+fn open_with(
+    data_dir: &Path,
+    partitions: u16,
+    open: fn(&Path, StoreConfig) -> Result<Store, OpenError>,
+) -> anyhow::Result<Store> {
+    open(
         &db_path(data_dir),
         StoreConfig {
             d2c_partitions: partitions,
@@ -103,7 +122,7 @@ pub fn export(data_dir: &Path, to: &str, exclude_keys: bool) -> anyhow::Result<u
     if !db_path(data_dir).exists() {
         bail!("{} holds no hub (no db/ directory)", data_dir.display());
     }
-    let store = open_exclusive(data_dir, ferrohub_engine::DEFAULT_D2C_PARTITIONS)?;
+    let store = open_to_copy(data_dir)?;
     let settings = store
         .hub_settings()?
         .ok_or_else(|| anyhow!("{} holds no initialised hub", data_dir.display()))?;
@@ -319,7 +338,7 @@ pub fn backup(data_dir: &Path, to: &Path) -> anyhow::Result<PathBuf> {
     if !db_path(data_dir).exists() {
         bail!("{} holds no hub (no db/ directory)", data_dir.display());
     }
-    let store = open_exclusive(data_dir, ferrohub_engine::DEFAULT_D2C_PARTITIONS)?;
+    let store = open_to_copy(data_dir)?;
     std::fs::create_dir_all(to)?;
     eprintln!("backup: checkpointing the database");
     store.checkpoint(&db_path(to))?;
