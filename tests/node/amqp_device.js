@@ -195,10 +195,18 @@ async function twinSteps(client, request, registry) {
     await new Promise((resolve, reject) => twin.properties.reported.update(spec.reported,
       (err) => (err ? reject(err) : resolve())));
     step('twin: service reads');
-    const read = request.module
-      ? await registry.getModuleTwin(request.deviceId, request.moduleId)
-      : await registry.getTwin(request.deviceId);
-    result.serviceReported = plain(read.responseBody.properties.reported);
+    // In a cluster the service's read may reach a node that applies the device's patch a
+    // moment later (docs/cluster.md: reads are consistent per node): read until it shows.
+    const shows = (reported) => Object.keys(spec.reported).every((k) => reported[k] !== undefined);
+    const deadline = Date.now() + 10000;
+    for (;;) {
+      const read = request.module
+        ? await registry.getModuleTwin(request.deviceId, request.moduleId)
+        : await registry.getTwin(request.deviceId);
+      result.serviceReported = plain(read.responseBody.properties.reported);
+      if (shows(result.serviceReported) || Date.now() > deadline) break;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
   }
   if (spec.desired) {
     step('twin: service patches desired');
