@@ -70,7 +70,7 @@ pub use error::{HubError, OpenError, RegistryError, StorageError, TwinError, Val
 pub use ferrohub_migrations::LATEST_VERSION as SCHEMA_VERSION;
 pub use model::UnixMillis;
 pub use raw::{
-    empty_log_entry, CommitHold, CommitLog, CommitStats, Durability, LogError, LogTip, LAG_NAP,
+    empty_log_entry, AppendOutcome, CommitHold, CommitLog, CommitStats, Durability, LogError, LogTip, LAG_NAP,
     LAG_SYNC_WITHIN,
 };
 /// Batches that may wait for the committer by default (see [`StoreConfig::commit_queue_depth`]).

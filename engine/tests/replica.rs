@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ferrohub_engine::model::{IdentitySpec, IfMatch};
 use ferrohub_engine::twin::store::TwinWrite;
-use ferrohub_engine::{CommitLog, LogError, Replica, Store, StoreConfig};
+use ferrohub_engine::{AppendOutcome, CommitLog, LogError, Replica, Store, StoreConfig};
 use parking_lot::Mutex;
 use serde_json::json;
 
@@ -20,6 +20,12 @@ struct VecLog {
 }
 
 impl CommitLog for VecLog {
+    fn start_append(&self, entry: Vec<u8>, outcome: AppendOutcome) {
+        outcome.send(self.append(entry));
+    }
+}
+
+impl VecLog {
     fn append(&self, entry: Vec<u8>) -> Result<u64, LogError> {
         let mut entries = self.entries.lock();
         if self.fenced.load(std::sync::atomic::Ordering::SeqCst) {

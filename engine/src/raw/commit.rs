@@ -7,8 +7,9 @@
 //! - A group is one RocksDB `WriteBatch`, so it is atomic as a whole; each caller's batch is
 //!   therefore atomic too.
 //! - With a commit log (cluster mode, [`super::log`]), a group is written only after the log
-//!   acknowledged it as one entry; a failed append poisons the committer as a failed write
-//!   does. Groups then also end at [`MAX_LOG_ENTRY_BYTES`].
+//!   acknowledged it as one entry, with several appends in flight ([`super::pipeline`]); a
+//!   failed append poisons the committer as a failed write does. Groups then also end at
+//!   [`super::group::MAX_LOG_ENTRY_BYTES`].
 //! - After a failed write the committer is poisoned: every later commit fails with
 //!   [`StorageError::Poisoned`] until the process restarts and RocksDB recovers from its WAL.
 //! - A batch that asks for a memtable switch ends its group; the switch happens after its
@@ -25,37 +26,27 @@
 //!   its next write. A batch that may not lag ends the nap as it is queued, so it waits for
 //!   no nap (see [`Wake`]).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::RecvTimeoutError;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use rocksdb::{WriteBatch, WriteOptions, DB};
+use rocksdb::{WriteOptions, DB};
 
-use super::log::{self, CommitLog};
-use super::{Batch, Durability, Op};
+pub use super::group::{CommitCallback, LAG_NAP, LAG_SYNC_WITHIN};
+use super::group::{
+    finish_group, next_batch, ops_batch, take_group, write, Lagging, Next, Pending, Reply, Shared,
+};
+use super::log::CommitLog;
+use super::{Batch, Durability};
 use crate::error::StorageError;
 
-/// Most batches folded into one write. Bounds the latency of the first waiter in a group.
-const MAX_GROUP: usize = 1024;
-/// With a commit log, a group ends once it holds this many bytes (a lone larger batch still
-/// goes alone): the log's messages are bounded (the cluster's NATS servers take 8 MiB).
-pub(crate) const MAX_LOG_ENTRY_BYTES: usize = 4 << 20;
 /// Waiting batches beyond this make `commit` block: backpressure instead of unbounded memory.
 /// Async callers take an admission permit first (see the server's store handle), so they wait
 /// without blocking a thread; this bound is the last line.
 pub const DEFAULT_QUEUE_DEPTH: usize = 8192;
-/// The longest a written lagging batch waits for a sync. Seed 002 lets a device's connection
-/// state lag by up to five minutes; a second keeps the window a machine crash can lose small
-/// while a connect storm, whose records all may lag, costs about one sync a second.
-pub const LAG_SYNC_WITHIN: Duration = Duration::from_secs(1);
-/// How long the thread naps after a group of lagging batches. A connect storm queues two
-/// such batches per connection (connected, disconnected), and a thread woken for each one
-/// spent more on the wake-ups than on the writes (issue 19).
-pub const LAG_NAP: Duration = Duration::from_millis(1);
+
 
 /// Counters that show group commit at work: `commits / writes` is the mean group size.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -80,108 +71,6 @@ impl Ticket {
     }
 }
 
-/// Called on the commit thread once the batch's write is durable (or failed). Must be quick.
-pub type CommitCallback = Box<dyn FnOnce(Result<(), StorageError>) + Send>;
-
-enum Reply {
-    Waiter(SyncSender<Result<(), StorageError>>),
-    Callback(CommitCallback),
-}
-
-impl Reply {
-    fn send(self, r: Result<(), StorageError>) {
-        match self {
-            // A waiter that gave up (dropped its receiver) is not an error here.
-            Reply::Waiter(tx) => drop(tx.send(r)),
-            Reply::Callback(f) => f(r),
-        }
-    }
-}
-
-struct Pending {
-    batch: Batch,
-    reply: Reply,
-}
-
-#[derive(Default)]
-struct Shared {
-    wake: Wake,
-    commits: AtomicU64,
-    writes: AtomicU64,
-    syncs: AtomicU64,
-    poisoned: AtomicBool,
-    /// The sequence the commit log gave the last group appended (cluster mode).
-    last_logged: AtomicU64,
-    /// Fault injection: the next write fails as a failed WAL write would (tests only).
-    fail_next: AtomicBool,
-    /// Live [`CommitHold`]s; the thread writes only while this is 0.
-    holds: std::sync::Mutex<usize>,
-    released: std::sync::Condvar,
-}
-
-impl Shared {
-    fn wait_while_held(&self) {
-        let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
-        while *holds > 0 {
-            holds = self.released.wait(holds).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-}
-
-/// Ends the commit thread's nap when a batch that may not lag is queued.
-///
-/// The thread sets `napping` and then reads `urgent`; a submitter adds to `urgent` before it
-/// queues the batch and reads `napping` after (all sequentially consistent). So either the
-/// thread sees the batch coming and does not nap (it then waits for it on the queue), or the
-/// submitter sees the nap and unparks the thread; an unpark that comes before the park makes
-/// the park return at once. Counting before queueing keeps `urgent` from dropping below the
-/// batches really on their way.
-#[derive(Default)]
-struct Wake {
-    napping: AtomicBool,
-    /// Batches that may not lag, queued and not yet taken by the thread.
-    urgent: AtomicU64,
-    thread: std::sync::OnceLock<std::thread::Thread>,
-}
-
-impl Wake {
-    /// Before a batch is queued.
-    fn coming(&self, may_lag: bool) {
-        if !may_lag {
-            self.urgent.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    /// After it was queued (`queued`) or not (a full or closed queue).
-    fn sent(&self, may_lag: bool, queued: bool) {
-        if may_lag {
-            return;
-        }
-        if !queued {
-            self.urgent.fetch_sub(1, Ordering::SeqCst);
-        } else if self.napping.load(Ordering::SeqCst) {
-            if let Some(t) = self.thread.get() {
-                t.unpark();
-            }
-        }
-    }
-
-    /// On the thread, for each batch it takes.
-    fn taken(&self, may_lag: bool) {
-        if !may_lag {
-            self.urgent.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-
-    /// On the thread: naps up to `nap` unless a batch that may not lag is queued or comes.
-    fn nap(&self, nap: Duration) {
-        self.napping.store(true, Ordering::SeqCst);
-        if self.urgent.load(Ordering::SeqCst) == 0 {
-            std::thread::park_timeout(nap);
-        }
-        self.napping.store(false, Ordering::SeqCst);
-    }
-}
 
 /// Holds every write until dropped (see the module's invariants).
 #[must_use = "writes resume when the hold is dropped"]
@@ -351,220 +240,33 @@ fn run(
     rx: Receiver<Pending>,
     shared: Arc<Shared>,
 ) {
-    let byte_cap = if log.is_some() {
-        MAX_LOG_ENTRY_BYTES
-    } else {
-        usize::MAX
-    };
+    if let Some(log) = log {
+        return super::pipeline::run(&db, durability, log.as_ref(), &rx, &shared);
+    }
     let synced_mode = durability == Durability::Synced;
     let mut synced = WriteOptions::default();
     synced.set_sync(synced_mode);
     let unsynced = WriteOptions::default();
-    // When the oldest written lagging batch not yet synced was written.
-    let mut lagging_since: Option<Instant> = None;
+    let mut lagging = Lagging::default();
     loop {
-        let first = match next_batch(&rx, lagging_since) {
+        let first = match next_batch(&rx, lagging.since) {
             Next::Batch(p) => p,
             Next::SyncDue => {
-                sync_lagging(&db, &shared);
-                lagging_since = None;
+                lagging.sync(&db, &shared);
                 continue;
             }
             Next::Closed => break,
+            Next::Empty => continue,
         };
         shared.wait_while_held();
-        shared.wake.taken(first.batch.may_lag);
-        let mut bytes = first.batch.encoded_len();
-        let mut group = vec![first];
-        while group.len() < MAX_GROUP
-            && bytes < byte_cap
-            && group[group.len() - 1].batch.switch_memtable.is_none()
-        {
-            match rx.try_recv() {
-                Ok(p) => {
-                    shared.wake.taken(p.batch.may_lag);
-                    bytes += p.batch.encoded_len();
-                    group.push(p);
-                }
-                Err(_) => break,
-            }
-        }
-        let only_lagging = group.iter().all(|p| p.batch.may_lag);
-        let lags = !synced_mode || only_lagging;
+        let (group, bytes) = take_group(first, &rx, &shared, usize::MAX);
+        let lags = !synced_mode || group.iter().all(|p| p.batch.may_lag);
         let wo = if lags { &unsynced } else { &synced };
-        let result = write_group(&db, wo, log.as_deref(), &group, bytes, &shared);
-        if synced_mode && result.is_ok() {
-            if lags {
-                lagging_since.get_or_insert_with(Instant::now);
-            } else {
-                shared.syncs.fetch_add(1, Ordering::Relaxed);
-                lagging_since = None;
-            }
-        }
-        if let (Ok(()), Some(cf)) = (&result, group[group.len() - 1].batch.switch_memtable) {
-            switch_memtable(&db, cf);
-        }
-        shared
-            .commits
-            .fetch_add(group.len() as u64, Ordering::Relaxed);
-        for p in group {
-            p.reply.send(result.clone());
-        }
-        if only_lagging && result.is_ok() {
+        let result = ops_batch(&db, &group, bytes).and_then(|wb| write(&db, wo, wb, &shared));
+        if finish_group(&db, &shared, group, result, synced_mode, &mut lagging) {
             shared.wake.nap(LAG_NAP);
         }
     }
-    if lagging_since.is_some() {
-        sync_lagging(&db, &shared);
-    }
+    lagging.finish(&db, &shared);
 }
 
-enum Next {
-    Batch(Pending),
-    /// Lagging writes have waited [`LAG_SYNC_WITHIN`] for a sync.
-    SyncDue,
-    Closed,
-}
-
-fn next_batch(rx: &Receiver<Pending>, lagging_since: Option<Instant>) -> Next {
-    let Some(since) = lagging_since else {
-        return rx.recv().map_or(Next::Closed, Next::Batch);
-    };
-    let wait = LAG_SYNC_WITHIN.saturating_sub(since.elapsed());
-    // A steady stream of lagging batches must not postpone the sync forever.
-    if wait.is_zero() {
-        return Next::SyncDue;
-    }
-    match rx.recv_timeout(wait) {
-        Ok(p) => Next::Batch(p),
-        Err(RecvTimeoutError::Timeout) => Next::SyncDue,
-        Err(RecvTimeoutError::Disconnected) => Next::Closed,
-    }
-}
-
-/// Syncs the WAL under writes that were allowed to lag. A failure poisons the committer as a
-/// failed write does: what was written may not be on disk, and nobody can be told.
-fn sync_lagging(db: &DB, shared: &Shared) {
-    if shared.poisoned.load(Ordering::Acquire) {
-        return;
-    }
-    match db.flush_wal(true) {
-        Ok(()) => {
-            shared.syncs.fetch_add(1, Ordering::Relaxed);
-        }
-        Err(e) => {
-            shared.poisoned.store(true, Ordering::Release);
-            tracing::error!(error = %e, "syncing lagging writes failed; refusing further writes");
-        }
-    }
-}
-
-/// Memtables below this size are flushed along with a switch (see [`switch_memtable`]).
-const SMALL_MEMTABLE: u64 = 8 << 20;
-
-/// Switches a column family's memtable (RocksDB does it in this thread; the flush of the old
-/// one runs in the background). A failure costs only the alignment, so it is logged.
-///
-/// Every other column family whose memtable holds a little is flushed too. A WAL file can be
-/// recycled only once no memtable holds data from it, and a column family with a trickle of
-/// writes (the segment index, connection state) otherwise pins every WAL file until the total
-/// WAL size forces a flush: under steady telemetry that is 256 MiB of WAL, all written by
-/// appending, whose syncs also write the inode (see `Raw::open`). Large memtables are left
-/// alone: their column families flush often on their own.
-fn switch_memtable(db: &DB, cf: &str) {
-    let mut fo = rocksdb::FlushOptions::default();
-    fo.set_wait(false);
-    for name in ferrohub_migrations::cf::ALL {
-        let Some(handle) = db.cf_handle(name) else {
-            continue;
-        };
-        if name != cf {
-            let held = |p: &str| db.property_int_value_cf(handle, p).ok().flatten();
-            let entries = held("rocksdb.num-entries-active-mem-table").unwrap_or(0);
-            let bytes = held("rocksdb.cur-size-active-mem-table").unwrap_or(u64::MAX);
-            if entries == 0 || bytes >= SMALL_MEMTABLE {
-                continue;
-            }
-        }
-        if let Err(e) = db.flush_cf_opt(handle, &fo) {
-            tracing::warn!(cf = name, error = %e, "memtable switch failed");
-        }
-    }
-}
-
-fn write_group(
-    db: &DB,
-    wo: &WriteOptions,
-    log: Option<&dyn CommitLog>,
-    group: &[Pending],
-    bytes: usize,
-    shared: &Shared,
-) -> Result<(), StorageError> {
-    if shared.poisoned.load(Ordering::Acquire) {
-        return Err(StorageError::Poisoned);
-    }
-    // Sized up front (`bytes`, counted as the group was taken): growing RocksDB's batch buffer
-    // copied it again at every doubling.
-    let mut wb = WriteBatch::with_capacity_bytes(bytes + 12);
-    if let Some(log) = log {
-        let mut entry = log::entry_header(bytes);
-        for p in group {
-            log::encode_ops(&mut entry, &p.batch.ops);
-        }
-        let crc32 = crc32fast::hash(&entry);
-        let seq = log.append(entry).map_err(|e| {
-            shared.poisoned.store(true, Ordering::Release);
-            tracing::error!(error = %e, "commit log append failed; refusing further writes");
-            StorageError::WriteFailed(e.to_string())
-        })?;
-        shared.last_logged.store(seq, Ordering::Release);
-        let Some(meta) = db.cf_handle(ferrohub_migrations::cf::META) else {
-            return Err(StorageError::Backend(
-                "column family meta is missing".into(),
-            ));
-        };
-        wb.put_cf(
-            meta,
-            log::APPLIED_KEY,
-            ferrohub_migrations::record::encode(&seq),
-        );
-        wb.put_cf(
-            meta,
-            log::TIP_KEY,
-            ferrohub_migrations::record::encode(&log::LogTip {
-                sequence: seq,
-                crc32,
-            }),
-        );
-    }
-    for p in group {
-        for op in &p.batch.ops {
-            let (Op::Put { cf, .. }
-            | Op::Delete { cf, .. }
-            | Op::Merge { cf, .. }
-            | Op::DeleteRange { cf, .. }) = op;
-            let Some(h) = db.cf_handle(cf) else {
-                return Err(StorageError::Backend(format!(
-                    "column family {cf} is missing"
-                )));
-            };
-            match op {
-                Op::Put { key, value, .. } => wb.put_cf(h, key, value),
-                Op::Delete { key, .. } => wb.delete_cf(h, key),
-                Op::Merge { key, value, .. } => wb.merge_cf(h, key, value),
-                Op::DeleteRange { from, to, .. } => wb.delete_range_cf(h, from, to),
-            }
-        }
-    }
-    shared.writes.fetch_add(1, Ordering::Relaxed);
-    let written = if shared.fail_next.swap(false, Ordering::AcqRel) {
-        Err("injected write failure".to_string())
-    } else {
-        db.write_opt(wb, wo).map_err(rocksdb::Error::into_string)
-    };
-    written.map_err(|e| {
-        shared.poisoned.store(true, Ordering::Release);
-        tracing::error!(error = %e, "durable write failed; refusing further writes");
-        StorageError::WriteFailed(e)
-    })
-}

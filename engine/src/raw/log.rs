@@ -53,9 +53,76 @@ const FORMAT: u8 = 1;
 
 /// Where a writer's commit groups go before they reach RocksDB.
 pub trait CommitLog: Send + Sync {
-    /// Appends one entry and returns its sequence once the log stored it durably. Called on
-    /// the commit thread, one entry at a time, in commit order.
-    fn append(&self, entry: Vec<u8>) -> Result<u64, LogError>;
+    /// Starts appending one entry after every entry started before it, and returns at once;
+    /// the entry's sequence, once the log stored it durably, or the failure goes to `outcome`.
+    /// Called on the commit thread, one entry at a time, in commit order.
+    fn start_append(&self, entry: Vec<u8>, outcome: AppendOutcome);
+
+    /// How many appends the commit thread keeps started and unanswered at once. An append
+    /// refused or failed fails every append started after it too (the log fences them by
+    /// the sequence each expects to follow).
+    fn max_in_flight(&self) -> usize {
+        1
+    }
+}
+
+/// Where a [`CommitLog`] answers one append: on any thread, once.
+pub struct AppendOutcome {
+    tx: std::sync::mpsc::SyncSender<Result<u64, LogError>>,
+    /// The commit thread, woken by the answer (it may be waiting for it or for new batches).
+    commit_thread: std::thread::Thread,
+}
+
+impl AppendOutcome {
+    pub fn send(self, outcome: Result<u64, LogError>) {
+        // A commit thread that ended no longer waits: nothing to tell.
+        let _ = self.tx.send(outcome);
+        self.commit_thread.unpark();
+    }
+}
+
+/// The commit thread's side of an append in flight.
+pub(crate) struct Appending {
+    rx: std::sync::mpsc::Receiver<Result<u64, LogError>>,
+    answer: Option<Result<u64, LogError>>,
+}
+
+impl Appending {
+    /// An append started from the current thread (the commit thread), and where it is answered.
+    pub(crate) fn start() -> (AppendOutcome, Appending) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let outcome = AppendOutcome {
+            tx,
+            commit_thread: std::thread::current(),
+        };
+        (outcome, Appending { rx, answer: None })
+    }
+
+    /// Whether the log answered (without waiting).
+    pub(crate) fn is_answered(&mut self) -> bool {
+        if self.answer.is_none() {
+            match self.rx.try_recv() {
+                Ok(answer) => self.answer = Some(answer),
+                Err(std::sync::mpsc::TryRecvError::Empty) => {}
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    self.answer = Some(Err(Self::dropped()));
+                }
+            }
+        }
+        self.answer.is_some()
+    }
+
+    /// The log's answer, waiting for it.
+    pub(crate) fn wait(mut self) -> Result<u64, LogError> {
+        match self.answer.take() {
+            Some(answer) => answer,
+            None => self.rx.recv().unwrap_or_else(|_| Err(Self::dropped())),
+        }
+    }
+
+    fn dropped() -> LogError {
+        LogError::Unavailable("the commit log dropped an append unanswered".into())
+    }
 }
 
 /// Why an append failed. Either way this writer may no longer write.

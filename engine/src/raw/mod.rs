@@ -13,11 +13,13 @@
 
 mod column_families;
 mod commit;
+mod group;
 mod inflight;
 mod log;
 mod migrate;
 pub(crate) mod no_wait;
 mod open;
+mod pipeline;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -31,10 +33,10 @@ pub use commit::CommitCallback;
 pub use commit::CommitStats;
 use commit::Committer;
 pub(crate) use commit::Ticket;
-pub(crate) use commit::MAX_LOG_ENTRY_BYTES;
+pub(crate) use group::MAX_LOG_ENTRY_BYTES;
 pub use commit::{CommitHold, DEFAULT_QUEUE_DEPTH, LAG_NAP, LAG_SYNC_WITHIN};
 pub(crate) use log::Touched;
-pub use log::{empty_entry as empty_log_entry, CommitLog, LogError, LogTip};
+pub use log::{empty_entry as empty_log_entry, AppendOutcome, CommitLog, LogError, LogTip};
 
 use crate::error::{KeyDisplay, OpenError, StorageError};
 

@@ -7,8 +7,10 @@
 //! - [`follow_until_writer`] returns a lease only once the replica holds the whole log as it
 //!   stood after the lease was taken; the caller closes the replica (and every handle to its
 //!   store) before it opens a writing store on the same directory.
-//! - What the replica applied is published ([`Progress`]) after each entry's write, so a
-//!   follower serving clients can wait for a forwarded write to be applied before it answers.
+//! - What the replica applied is published ([`Progress`]) after each batch of entries is
+//!   written, so a follower serving clients can wait for a forwarded write to be applied
+//!   before it answers. A batch is what the reader already holds (at most [`READ_BATCH`]
+//!   entries); it is written on the blocking pool, never on a runtime worker.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull, DeliverPolicy};
 use ferrohub_engine::{OpenError, Replica};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::lease::{Holder, Promotion, Renewal, WriterLease};
@@ -155,19 +157,11 @@ pub async fn follow_until_writer(
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
             entry = state.entries.next() => {
-                let message = entry
-                    .ok_or_else(|| ClusterError::Nats("the commit log reader ended".into()))?
-                    .map_err(|e| ClusterError::nats("reading the commit log", e))?;
-                let seq = message
-                    .info()
-                    .map_err(|e| ClusterError::nats("a commit log entry", e))?
-                    .stream_sequence;
-                // Applying writes RocksDB: off the runtime's own work, on this worker.
-                let advanced = tokio::task::block_in_place(|| replica.apply(seq, &message.payload))
-                    .map_err(replica_err)?;
-                applied = applied.max(seq);
+                let batch = ready_batch(entry, &mut state.entries)?;
+                let (last, advanced) = apply_batch(replica, batch).await?;
+                applied = applied.max(last);
                 progress.applied(applied);
-                if let Some(advanced) = advanced.filter(|a| !a.is_empty()) {
+                if !advanced.is_empty() {
                     (progress.advanced)(&advanced);
                 }
                 state.last_entry = Instant::now();
@@ -196,6 +190,61 @@ pub async fn follow_until_writer(
         lease,
         caught_up_to: applied,
     }))
+}
+
+type Entry = Option<Result<async_nats::jetstream::Message, pull::OrderedError>>;
+
+/// The entry the reader just gave and those it already holds behind it (at most
+/// [`READ_BATCH`]), as (sequence, payload) in log order.
+fn ready_batch(
+    first: Entry,
+    entries: &mut pull::Ordered,
+) -> Result<Vec<(u64, bytes::Bytes)>, ClusterError> {
+    let decode = |entry: Entry| -> Result<(u64, bytes::Bytes), ClusterError> {
+        let message = entry
+            .ok_or_else(|| ClusterError::Nats("the commit log reader ended".into()))?
+            .map_err(|e| ClusterError::nats("reading the commit log", e))?;
+        let seq = message
+            .info()
+            .map_err(|e| ClusterError::nats("a commit log entry", e))?
+            .stream_sequence;
+        Ok((seq, message.message.payload))
+    };
+    let mut batch = vec![decode(first)?];
+    while batch.len() < READ_BATCH as usize {
+        // Only what is already buffered: waiting here would hold back what is in hand.
+        match entries.next().now_or_never() {
+            Some(entry) => batch.push(decode(entry)?),
+            None => break,
+        }
+    }
+    Ok(batch)
+}
+
+/// Applies `batch` in order on the blocking pool (each entry is a RocksDB write, which must
+/// not hold a runtime worker); the last sequence applied and the partitions the entries added
+/// events to.
+async fn apply_batch(
+    replica: &Arc<Replica>,
+    batch: Vec<(u64, bytes::Bytes)>,
+) -> Result<(u64, Vec<(u16, u64)>), ClusterError> {
+    let replica = Arc::clone(replica);
+    tokio::task::spawn_blocking(move || {
+        let mut last = 0;
+        let mut advanced = Vec::new();
+        for (seq, payload) in batch {
+            if let Some(added) = replica
+                .apply(seq, &payload)
+                .map_err(|e| ClusterError::Replica(e.to_string()))?
+            {
+                advanced.extend(added);
+            }
+            last = seq;
+        }
+        Ok((last, advanced))
+    })
+    .await
+    .map_err(|e| ClusterError::Replica(format!("applying commit log entries: {e}")))?
 }
 
 /// What a follower keeps between its entries and rounds.

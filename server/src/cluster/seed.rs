@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use ferrohub_engine::{CommitLog, Replica};
+use ferrohub_engine::Replica;
 use tokio_util::sync::CancellationToken;
 
 use super::lease::{Holder, Promotion, Renewal, WriterLease};
@@ -63,13 +63,14 @@ pub async fn seed_new_cluster(
         tokio::runtime::Handle::current(),
         &me.node,
         0,
+        1,
     ));
     let mut seeding = {
         let (replica, log) = (Arc::clone(&replica), Arc::clone(&log));
         tokio::task::spawn_blocking(move || -> Result<(u64, usize), ClusterError> {
             let (mut last, mut entries) = (0, 0);
             replica.seed_entries(|entry| -> Result<(), ClusterError> {
-                last = log.append(entry).map_err(|e| match e {
+                last = log.append_and_wait(entry).map_err(|e| match e {
                     ferrohub_engine::LogError::Fenced { .. } => others_first(),
                     other => ClusterError::nats("seeding the commit log", other),
                 })?;

@@ -47,6 +47,9 @@ pub struct ClusterSection {
     /// never given to NATS): what the nodes share through NATS that NATS must not read, the
     /// TLS private keys, is sealed with it. Required in cluster mode.
     pub secret_file: Option<PathBuf>,
+    /// Commit groups the writer keeps appended to the log and unanswered at once (1 to 256):
+    /// more carries more writes per majority round trip (docs/cluster.md, "How it works").
+    pub appends_in_flight: usize,
 }
 
 impl Default for ClusterSection {
@@ -64,6 +67,7 @@ impl Default for ClusterSection {
             nats_password_file: None,
             nats_ca_file: None,
             secret_file: None,
+            appends_in_flight: crate::cluster::log::IN_FLIGHT,
         }
     }
 }
@@ -95,6 +99,12 @@ impl ClusterSection {
             return Err(ConfigError::Invalid {
                 key: "cluster.node",
                 reason: "a cluster node needs a name of letters, digits, '-' and '_'".into(),
+            });
+        }
+        if !(1..=256).contains(&self.appends_in_flight) {
+            return Err(ConfigError::Invalid {
+                key: "cluster.appends_in_flight",
+                reason: "must be 1 to 256".into(),
             });
         }
         if !(1..=5).contains(&self.replicas) {

@@ -386,6 +386,7 @@ async fn roles(
             tokio::runtime::Handle::current(),
             &config.cluster.node,
             promotion.caught_up_to,
+            config.cluster.appends_in_flight,
         ));
         let mut promotion = promotion;
         // Claim the log before serving: a deposed writer may have appended after this node
