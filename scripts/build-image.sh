@@ -59,7 +59,7 @@ make_rootfs() {
     # busybox: the scripts' shell, the health check's HTTP client, and a few tools for a look
     # inside (`podman exec NAME ls /data`).
     cp /bin/busybox "$ROOT/usr/bin/busybox"
-    for applet in sh ls cat id ps du df env wget; do ln -s busybox "$ROOT/usr/bin/$applet"; done
+    for applet in sh ls cat cp mkdir rm id ps du df env grep tar wget; do ln -s busybox "$ROOT/usr/bin/$applet"; done
     copy_libraries "$ROOT" "$ROOT/usr/local/bin/ferrohub" "$ROOT/usr/bin/busybox"
 
     # Trust for outbound TLS (Azure Blob Storage for file upload and import/export), and time
