@@ -116,9 +116,10 @@ ensure_cluster_tools() {
 
 # What the container image (scripts/build-image.sh, docs/container.md) is built and tried with:
 # rootful podman, run with runc (crun refuses this machine's v1/hybrid cgroups), netavark and
-# aardvark-dns for its networks, busybox (the image's shell and its health check's HTTP client
-# are copied from it), and libcap2-bin's setcap (the image's binary binds port 443 without root).
-CONTAINER_PACKAGES=(podman runc netavark aardvark-dns busybox libcap2-bin ca-certificates tzdata)
+# aardvark-dns for its networks (compose services find each other by name), busybox (the image's
+# shell and its health check's HTTP client are copied from it), libcap2-bin's setcap (the
+# image's binary binds port 443 without root), and podman-compose for packaging/compose.yaml.
+CONTAINER_PACKAGES=(podman runc netavark aardvark-dns busybox libcap2-bin podman-compose ca-certificates tzdata)
 # podman as the scripts and tests run it (tests/python/containerkit.py says the same): runc and
 # cgroupfs (no systemd here), and netavark named, since Debian's podman also installs a CNI
 # configuration whose plugins it does not install (every command would warn about it).

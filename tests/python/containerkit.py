@@ -11,6 +11,8 @@ import ctypes
 import json
 import os
 import shutil
+import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
@@ -172,3 +174,140 @@ class HubContainer:
     def remove(self) -> None:
         podman("rm", "--force", "--time", "0", self.name, check=False)
 
+
+def build_compose_images() -> dict[str, str]:
+    """The nats-server and HAProxy images for packaging/compose.yaml (no registry here): the
+    NATS_IMAGE and HAPROXY_IMAGE variables."""
+    out = subprocess.run(["bash", str(REPO / "scripts" / "build-compose-images.sh")],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    if out.returncode != 0:
+        raise RuntimeError(f"scripts/build-compose-images.sh failed:\n{out.stdout}\n{out.stderr}")
+    pairs = (line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    return {k: v for k, v in pairs if k in ("NATS_IMAGE", "HAPROXY_IMAGE")}
+
+
+class Compose:
+    """packaging/compose.yaml under podman-compose, from a copy in `root` with secrets of its own
+    (packaging/compose/make-secrets.sh), the balancer published on 127.0.0.1. Quacks like
+    hubkit.Hub where ehkit needs it (`cli`, `ca`, `amqp_port`)."""
+
+    amqp_port = PORTS["amqp"]
+    NODES = ("hub1", "hub2", "hub3")
+
+    def __init__(self, root: Path, project: str, images: dict[str, str]):
+        self.root, self.project = Path(root), project
+        shutil.copy(REPO / "packaging" / "compose.yaml", self.root / "compose.yaml")
+        shutil.copytree(REPO / "packaging" / "compose", self.root / "compose",
+                        ignore=shutil.ignore_patterns("secrets"))
+        self.env = {**os.environ, **images, "FERROHUB_PUBLISH": "127.0.0.1"}
+        self.ca = str(self.root / "ca.pem")
+
+    def compose(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+        cmd = ["podman-compose", "--podman-args", " ".join(PODMAN[1:]), "--podman-run-args", " ".join(ULIMITS),
+               "-p", self.project, "-f", str(self.root / "compose.yaml"), *args]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.env, cwd=self.root)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"podman-compose {' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+        return out
+
+    def container(self, service: str) -> str:
+        """podman-compose's name for a service's container."""
+        return f"{self.project}_{service}_1"
+
+    def up(self, timeout: float = 180) -> "Compose":
+        subprocess.run(["bash", str(self.root / "compose" / "make-secrets.sh")], check=True,
+                       capture_output=True, timeout=60)
+        hubkit.STARTED.append(self)
+        self.compose("up", "-d")
+        first = self.wait_for_writer(timeout)
+        ca = podman("exec", self.container(first), "cat", "/data/tls/ca.pem").stdout
+        Path(self.ca).write_text(ca)
+        self.wait_for_writer(timeout)
+        for node in self.NODES:
+            self.wait_serving(node, timeout)
+        return self
+
+    def down(self) -> None:
+        self.compose("down", "--volumes", timeout=300, check=False)
+        # What a failed start left behind: every container, volume and network of the project.
+        names = podman("ps", "-a", "--format", "{{.Names}}", check=False).stdout.split()
+        mine = [n for n in names if n.startswith(f"{self.project}_")]
+        if mine:
+            podman("rm", "--force", "--time", "0", *mine, check=False)
+        volumes = podman("volume", "ls", "--format", "{{.Name}}", check=False).stdout.split()
+        for v in (v for v in volumes if v.startswith(f"{self.project}_")):
+            podman("volume", "rm", "--force", v, check=False)
+        podman("network", "rm", "--force", f"{self.project}_default", check=False)
+
+    def running(self) -> bool:
+        names = podman("ps", "--format", "{{.Names}}", check=False).stdout.split()
+        return any(n.startswith(f"{self.project}_") for n in names)
+
+    def log_tail(self, lines: int = 40) -> str:
+        parts = []
+        for service in self.NODES + ("haproxy",):
+            out = podman("logs", "--tail", str(lines), self.container(service), check=False)
+            parts.append(f"== {self.container(service)}\n{out.stdout}{out.stderr}")
+        return "\n".join(parts)
+
+    def standing(self, node: str) -> dict | None:
+        """The node's /health/cluster, asked inside its container; None when it does not answer."""
+        out = podman("exec", self.container(node), "wget", "-q", "-O", "-",
+                     f"http://127.0.0.1:{PORTS['metrics']}/health/cluster", check=False, timeout=30)
+        try:
+            return json.loads(out.stdout) if out.returncode == 0 else None
+        except ValueError:
+            return None
+
+    def writer(self) -> str | None:
+        for node in self.NODES:
+            s = self.standing(node)
+            if s and s.get("role") == "writer" and s.get("serving"):
+                return node
+        return None
+
+    def balancer_serves(self) -> bool:
+        """A TLS handshake with the hub's identity succeeds through HAProxy on every SDK port."""
+        if not Path(self.ca).exists():
+            return False
+        ctx = ssl.create_default_context(cafile=self.ca)
+        for port in (PORTS["https"], PORTS["mqtt"], PORTS["amqp"]):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as s, \
+                        ctx.wrap_socket(s, server_hostname="localhost"):
+                    pass
+            except (OSError, ssl.SSLError):
+                return False
+        return True
+
+    def wait_for_writer(self, timeout: float, other_than: str | None = None) -> str:
+        """Until a node (not `other_than`) serves as the writer and, once the CA is known, the
+        balancer reaches the hub on every port."""
+        deadline = time.time() + timeout
+        while True:
+            w = self.writer()
+            if w and w != other_than and (not Path(self.ca).exists() or self.balancer_serves()):
+                return w
+            if time.time() > deadline:
+                raise AssertionError(f"no writer (other than {other_than}) within {timeout} s\n{self.log_tail(15)}")
+            time.sleep(0.5)
+
+    def wait_serving(self, node: str, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while not (self.standing(node) or {}).get("serving"):
+            assert time.time() < deadline, f"{node} does not serve after {timeout} s\n{self.log_tail(15)}"
+            time.sleep(0.5)
+
+    def cli(self, *args: str, node: str | None = None) -> str:
+        """`ferrohub ARGS --data-dir /data` in a node's container (the writer's by default)."""
+        node = node or self.writer() or "hub1"
+        return podman("exec", self.container(node), "ferrohub", *args, "--data-dir", "/data").stdout.strip()
+
+    def kill(self, node: str) -> None:
+        podman("kill", "--signal", "KILL", self.container(node))
+
+    def start(self, node: str) -> None:
+        """Starts the node's container again, unless its restart policy already did."""
+        state = podman("inspect", "--format", "{{.State.Status}}", self.container(node)).stdout.strip()
+        if state != "running":
+            podman("start", self.container(node))
