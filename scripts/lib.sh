@@ -114,11 +114,47 @@ ensure_cluster_tools() {
     ensure_apt haproxy curl openssl iptables
 }
 
+# What the container image (scripts/build-image.sh, docs/container.md) is built and tried with:
+# rootful podman, run with runc (crun refuses this machine's v1/hybrid cgroups), netavark and
+# aardvark-dns for its networks (compose services find each other by name), busybox (the image's
+# shell and its health check's HTTP client are copied from it), libcap2-bin's setcap (the
+# image's binary binds port 443 without root), and podman-compose for packaging/compose.yaml.
+CONTAINER_PACKAGES=(podman runc netavark aardvark-dns busybox libcap2-bin podman-compose ca-certificates tzdata)
+# podman as the scripts and tests run it (tests/python/containerkit.py says the same): runc and
+# cgroupfs (no systemd here), and netavark named, since Debian's podman also installs a CNI
+# configuration whose plugins it does not install (every command would warn about it).
+PODMAN=(podman --runtime runc --cgroup-manager cgroupfs --network-backend netavark)
+ensure_container_tools() {
+    ensure_apt "${CONTAINER_PACKAGES[@]}"
+}
+
+# copy_libraries ROOT FILE...: copies every shared library `ldd` says the ELF files load into
+# the root file system ROOT, each at its own path under /usr (Debian's merged /usr: the image
+# links /lib and /lib64 there). A static file needs none.
+copy_libraries() {
+    local root="$1" file lib
+    shift
+    for file in "$@"; do
+        if ldd "$file" 2>/dev/null | grep -q "not found"; then
+            echo "copy_libraries: $file needs a library this machine lacks:" >&2
+            ldd "$file" >&2
+            return 1
+        fi
+        for lib in $(ldd "$file" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
+            local dest="$root/usr${lib#/usr}"
+            mkdir -p "$(dirname "$dest")"
+            cp -L "$lib" "$dest"
+        done
+    done
+}
+
 # The Debian packages the test command needs, with one read of the package lists: the build's
-# compilers, the cluster's HAProxy and openssl, the browser, and the tools that run end-to-end
-# groups side by side in network namespaces (iproute2, util-linux's unshare, procps).
+# compilers, the cluster's HAProxy and openssl, the browser, the tools that run end-to-end
+# groups side by side in network namespaces (iproute2, util-linux's unshare, procps), and the
+# container tools.
 ensure_test_packages() {
-    ensure_apt libclang-dev clang g++ make haproxy curl openssl iptables chromium iproute2 util-linux procps
+    ensure_apt libclang-dev clang g++ make haproxy curl openssl iptables chromium iproute2 util-linux procps \
+        "${CONTAINER_PACKAGES[@]}"
 }
 
 # The SDKs and servers the end-to-end suites drive (PyPI, npm, the pinned nats-server).
