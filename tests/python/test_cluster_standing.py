@@ -149,6 +149,8 @@ def test_every_node_reports_its_standing(cluster):
             assert f"\n{name} " in metrics, (node, name)
         # The hub's own metrics come from whichever role serves.
         assert "ferrohub_connected_devices" in metrics, node
+        # Every node serves the cluster's one CA.
+        assert requests.get(f"http://{node_ip(node)}:9464/ca.pem", timeout=5).text == open(cluster.ca).read(), node
     writer_metrics = requests.get(f"http://{node_ip(w)}:9464/metrics", timeout=5).text
     assert "ferrohub_cluster_append_seconds_count" in writer_metrics
 

@@ -14,6 +14,7 @@ import subprocess
 import threading
 
 import pytest
+import requests
 from azure.iot.device import IoTHubDeviceClient, Message
 from azure.iot.hub import IoTHubRegistryManager
 from azure.iot.hub.models import Twin, TwinProperties
@@ -104,6 +105,9 @@ def test_first_start_configured_by_the_environment(hub):
     assert "listening https=[::]:443" in logs
     # The CA run() copied from the volume is the hub's own (the SDK calls below trust it).
     assert open(hub.ca).read().strip() == hub.exec("cat", "/data/tls/ca.pem")
+    # And the one served over HTTP on the published health port.
+    served = requests.get(f"http://127.0.0.1:{containerkit.PORTS['metrics']}/ca.pem", timeout=5)
+    assert served.status_code == 200 and served.text.strip() == open(hub.ca).read().strip()
 
 
 def test_health_check_reports_healthy(hub):

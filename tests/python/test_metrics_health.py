@@ -66,6 +66,10 @@ def test_health_live_ready_and_not_ready_while_draining(hub):
     r = requests.get(f"{base}/health/ready", timeout=5)
     assert r.status_code == 200 and r.text == "ready\n"
     assert requests.get(f"{base}/nothing", timeout=5).status_code == 404
+    # The hub's public CA, for clients and test suites to trust.
+    ca = requests.get(f"{base}/ca.pem", timeout=5)
+    assert ca.status_code == 200 and ca.headers["content-type"] == "application/x-pem-file"
+    assert ca.text == open(hub.ca).read()
     # An open MQTT connection keeps the drain going for a moment after SIGTERM.
     hub.create_device("drain")
     client = connect_device(hub, "drain")

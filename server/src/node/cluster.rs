@@ -332,6 +332,7 @@ pub(super) async fn serve_cluster(
     let (ops_addr, ops_task) = crate::transport::ops::serve(
         config.listeners.metrics,
         Arc::clone(&ops) as Arc<dyn crate::transport::ops::OpsSource>,
+        TlsPaths::new(data_dir).ca(),
         ops_stop.clone(),
     )
     .map_err(|reason| NodeError::Bind {

@@ -41,10 +41,11 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 const READINESS_LINGER: Duration = Duration::from_millis(500);
 
 /// Binds a listener; an IPv6 address listens dual-stack (IPV6_V6ONLY off). On a host without
-/// IPv6, the unspecified `[::]` falls back to `0.0.0.0` on the same port.
+/// IPv6, the unspecified `[::]` falls back to `0.0.0.0` on the same port; any other failure
+/// (a port in use, one below 1024 without the capability) is reported as it is.
 pub(super) async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {
     match listen(addr) {
-        Err(e) if addr.is_ipv6() && addr.ip().is_unspecified() => {
+        Err(e) if addr.is_ipv6() && addr.ip().is_unspecified() && lacks_ipv6(&e) => {
             let v4 = SocketAddr::from(([0, 0, 0, 0], addr.port()));
             tracing::warn!(%addr, error = %e, fallback = %v4, "no IPv6 here; listening on IPv4 only");
             listen(v4)
@@ -55,6 +56,15 @@ pub(super) async fn bind(addr: SocketAddr) -> Result<TcpListener, NodeError> {
         addr,
         reason: e.to_string(),
     })
+}
+
+/// Whether a failed IPv6 bind says the host has no IPv6 (the address family is not supported,
+/// or `::` is not an address here), rather than anything else.
+fn lacks_ipv6(e: &std::io::Error) -> bool {
+    /// Linux's EAFNOSUPPORT.
+    const ADDRESS_FAMILY_NOT_SUPPORTED: i32 = 97;
+    e.kind() == std::io::ErrorKind::AddrNotAvailable
+        || e.raw_os_error() == Some(ADDRESS_FAMILY_NOT_SUPPORTED)
 }
 
 fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -240,7 +250,7 @@ async fn serve_services(
             readiness: readiness.clone(),
         });
         let (addr, task) =
-            crate::transport::ops::serve(config.listeners.metrics, source, ops_stop.clone())
+            crate::transport::ops::serve(config.listeners.metrics, source, paths.ca(), ops_stop.clone())
                 .map_err(|reason| NodeError::Bind {
                     addr: config.listeners.metrics,
                     reason,

@@ -1,4 +1,5 @@
-//! The operations listener (OPS-1): Prometheus `/metrics`, `/health/live` and `/health/ready`,
+//! The operations listener (OPS-1): Prometheus `/metrics`, `/health/live`, `/health/ready` and the
+//! hub's public CA certificate at `/ca.pem`,
 //! plain HTTP on its own address (loopback by default), off the device and service ports.
 //!
 //! # Invariants
@@ -73,12 +74,15 @@ impl OpsSource for HubOps {
 }
 
 /// Binds the listener and serves `source` until `shutdown`; returns the bound address.
+/// `ca_file` is the hub's CA certificate (public), served at `/ca.pem` for clients and test
+/// suites to trust, as the hub's own tools print it.
 ///
 /// # Errors
 /// The address cannot be bound.
 pub fn serve(
     addr: SocketAddr,
     source: Arc<dyn OpsSource>,
+    ca_file: std::path::PathBuf,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), String> {
     // Installed before any traffic, so counters count from the start, not from the first scrape.
@@ -121,6 +125,23 @@ pub fn serve(
                 StatusCode::NOT_FOUND,
             )),
         });
+    // Read at each request: a cluster node receives its CA only once it joined.
+    let ca = warp::path!("ca.pem").and(warp::get()).then(move || {
+        let path = ca_file.clone();
+        async move {
+            match tokio::fs::read(&path).await {
+                Ok(pem) => Box::new(warp::reply::with_header(
+                    pem,
+                    "content-type",
+                    "application/x-pem-file",
+                )) as Box<dyn warp::Reply>,
+                Err(_) => Box::new(warp::reply::with_status(
+                    "no CA certificate yet\n",
+                    StatusCode::NOT_FOUND,
+                )),
+            }
+        }
+    });
     let routes = metrics
         .map(|r| Box::new(r) as Box<dyn warp::Reply>)
         .or(live.map(|r| Box::new(r) as Box<dyn warp::Reply>))
@@ -128,6 +149,8 @@ pub fn serve(
         .or(ready.map(|r| Box::new(r) as Box<dyn warp::Reply>))
         .unify()
         .or(cluster)
+        .unify()
+        .or(ca)
         .unify();
     let (bound, server) = warp::serve(routes)
         .try_bind_with_graceful_shutdown(addr, async move { shutdown.cancelled().await })
