@@ -70,8 +70,8 @@ pub use error::{HubError, OpenError, RegistryError, StorageError, TwinError, Val
 pub use ferrohub_migrations::LATEST_VERSION as SCHEMA_VERSION;
 pub use model::UnixMillis;
 pub use raw::{
-    empty_log_entry, AppendOutcome, CommitHold, CommitLog, CommitStats, Durability, LogError, LogTip, LAG_NAP,
-    LAG_SYNC_WITHIN,
+    empty_log_entry, AppendOutcome, CommitHold, CommitLog, CommitStats, Durability, LogError,
+    LogTip, LAG_NAP, LAG_SYNC_WITHIN,
 };
 /// Batches that may wait for the committer by default (see [`StoreConfig::commit_queue_depth`]).
 pub const DEFAULT_COMMIT_QUEUE_DEPTH: usize = raw::DEFAULT_QUEUE_DEPTH;

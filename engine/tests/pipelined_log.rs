@@ -80,7 +80,11 @@ impl CommitLog for SlowLog {
 
 /// Creates `per_thread` devices from each of `threads` threads at once; the ids each call
 /// answered Ok and those it refused.
-fn create_devices(store: &Arc<Store>, threads: usize, per_thread: usize) -> (Vec<String>, Vec<String>) {
+fn create_devices(
+    store: &Arc<Store>,
+    threads: usize,
+    per_thread: usize,
+) -> (Vec<String>, Vec<String>) {
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let store = Arc::clone(store);
@@ -135,8 +139,14 @@ fn groups_in_flight_are_written_in_log_order_once_stored() {
     let replica = replica_of(&log, r.path());
     let store = replica.store();
     for id in &ok {
-        assert!(writer.get_device(id).is_ok(), "{id} answered Ok but the writer lacks it");
-        assert!(store.get_device(id).is_ok(), "{id} answered Ok but the log lacks it");
+        assert!(
+            writer.get_device(id).is_ok(),
+            "{id} answered Ok but the writer lacks it"
+        );
+        assert!(
+            store.get_device(id).is_ok(),
+            "{id} answered Ok but the log lacks it"
+        );
     }
     assert_eq!(
         writer.list_devices(10_000).unwrap().len(),
@@ -166,7 +176,10 @@ fn a_refused_append_fails_every_group_behind_it_unwritten() {
         assert!(store.get_device(id).is_ok(), "{id}");
     }
     for id in &refused {
-        assert!(writer.get_device(id).is_err(), "{id} was refused but written");
+        assert!(
+            writer.get_device(id).is_err(),
+            "{id} was refused but written"
+        );
         assert!(store.get_device(id).is_err(), "{id} was refused but stored");
     }
     assert!(writer

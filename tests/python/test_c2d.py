@@ -478,7 +478,14 @@ def test_sigkill_during_c2d_load_loses_no_accepted_message(tmp_path):
 
     with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
         futures = [pool.submit(sender, d) for d in devices]
-        time.sleep(3)
+        # Killed mid-load: once enough were accepted to matter (a loaded machine takes longer
+        # to get there than an idle one), and at most 30 s in.
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with lock:
+                if len(accepted) >= 200:
+                    break
+            time.sleep(0.05)
         hub.kill()
         stop.set()
         for f in futures:

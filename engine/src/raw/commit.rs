@@ -34,10 +34,10 @@ use std::thread::JoinHandle;
 use parking_lot::Mutex;
 use rocksdb::{WriteOptions, DB};
 
-pub use super::group::{CommitCallback, LAG_NAP, LAG_SYNC_WITHIN};
 use super::group::{
     finish_group, next_batch, ops_batch, take_group, write, Lagging, Next, Pending, Reply, Shared,
 };
+pub use super::group::{CommitCallback, LAG_NAP, LAG_SYNC_WITHIN};
 use super::log::CommitLog;
 use super::{Batch, Durability};
 use crate::error::StorageError;
@@ -46,7 +46,6 @@ use crate::error::StorageError;
 /// Async callers take an admission permit first (see the server's store handle), so they wait
 /// without blocking a thread; this bound is the last line.
 pub const DEFAULT_QUEUE_DEPTH: usize = 8192;
-
 
 /// Counters that show group commit at work: `commits / writes` is the mean group size.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,7 +69,6 @@ impl Ticket {
         self.done.recv().map_err(|_| StorageError::Closed)?
     }
 }
-
 
 /// Holds every write until dropped (see the module's invariants).
 #[must_use = "writes resume when the hold is dropped"]
@@ -269,4 +267,3 @@ fn run(
     }
     lagging.finish(&db, &shared);
 }
-

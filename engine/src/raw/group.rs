@@ -149,7 +149,8 @@ impl Lagging {
 
     /// Whether the sync is due now.
     pub(super) fn due(&self) -> bool {
-        self.since.is_some_and(|since| since.elapsed() >= LAG_SYNC_WITHIN)
+        self.since
+            .is_some_and(|since| since.elapsed() >= LAG_SYNC_WITHIN)
     }
 
     /// How long until the sync is due (`None`: nothing waits for one).

@@ -33,8 +33,8 @@ pub use commit::CommitCallback;
 pub use commit::CommitStats;
 use commit::Committer;
 pub(crate) use commit::Ticket;
-pub(crate) use group::MAX_LOG_ENTRY_BYTES;
 pub use commit::{CommitHold, DEFAULT_QUEUE_DEPTH, LAG_NAP, LAG_SYNC_WITHIN};
+pub(crate) use group::MAX_LOG_ENTRY_BYTES;
 pub(crate) use log::Touched;
 pub use log::{empty_entry as empty_log_entry, AppendOutcome, CommitLog, LogError, LogTip};
 

@@ -62,7 +62,14 @@ pub(super) fn run(
             .is_some_and(|f| f.appending.is_answered())
         {
             let answered = in_flight.pop_front().expect("a group in flight");
-            retire(db, shared, answered, synced_mode, &mut lagging, &mut in_flight);
+            retire(
+                db,
+                shared,
+                answered,
+                synced_mode,
+                &mut lagging,
+                &mut in_flight,
+            );
         }
         if lagging.due() {
             lagging.sync(db, shared);
@@ -129,7 +136,9 @@ fn send(
     let crc32 = crc32fast::hash(&entry);
     let (outcome, appending) = Appending::start();
     if shared.poisoned.load(Ordering::Acquire) {
-        outcome.send(Err(LogError::Unavailable("the writer stopped writing".into())));
+        outcome.send(Err(LogError::Unavailable(
+            "the writer stopped writing".into(),
+        )));
     } else {
         log.start_append(entry, outcome);
     }
@@ -194,7 +203,11 @@ fn write_logged(
             "column family meta is missing".into(),
         ));
     };
-    wb.put_cf(meta, log::APPLIED_KEY, ferrohub_migrations::record::encode(&seq));
+    wb.put_cf(
+        meta,
+        log::APPLIED_KEY,
+        ferrohub_migrations::record::encode(&seq),
+    );
     wb.put_cf(
         meta,
         log::TIP_KEY,

@@ -4,7 +4,7 @@
 //! # Invariants
 //! - An append is answered only after JetStream's acknowledgement, which its stream leader
 //!   gives once a majority of replicas stored the entry.
-//! - Up to `[cluster] appends_in_flight` ([`IN_FLIGHT`] by default) appends are unanswered
+//! - Up to `[cluster] appends_in_flight` appends are unanswered
 //!   at once. Each expects the sequence the one
 //!   started before it will get (the first: the end of the log this node's replica caught up
 //!   to), so the log stores them in commit order or refuses them. Each first attempt is sent
@@ -45,13 +45,6 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 const APPEND_PATIENCE: Duration = Duration::from_secs(20);
 /// The pause between attempts.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
-
-/// Appends one writer keeps unanswered at once by default (`[cluster] appends_in_flight`).
-/// Alone, the log carries 4 times as many entries at 16 in flight as at 1
-/// (scripts/bench-cluster-log.sh), but with three hubs and three nats-servers sharing two
-/// cores, 1 carried the most writes: more in flight sends smaller groups, and every entry
-/// costs each NATS server a sync (docs/performance.md, "Cluster mode").
-pub const IN_FLIGHT: usize = 1;
 
 pub struct JetStreamLog {
     shared: Arc<Shared>,
@@ -198,7 +191,11 @@ impl Shared {
     async fn attempt(&self, entry: Bytes, expected: u64) -> Result<u64, LogError> {
         let ack = tokio::time::timeout(ATTEMPT_TIMEOUT, self.send(entry, expected))
             .await
-            .unwrap_or_else(|_| Err(LogError::Unavailable("the connection is not taking messages".into())))?;
+            .unwrap_or_else(|_| {
+                Err(LogError::Unavailable(
+                    "the connection is not taking messages".into(),
+                ))
+            })?;
         Self::answer(ack, expected).await
     }
 
@@ -262,7 +259,9 @@ impl CommitLog for JetStreamLog {
         let started = std::time::Instant::now();
         // The first attempt is sent here, on the commit thread (not a runtime thread, so it
         // may wait on the runtime), so entries reach NATS in commit order.
-        let sent = self.runtime.block_on(self.shared.send(entry.clone(), expected));
+        let sent = self
+            .runtime
+            .block_on(self.shared.send(entry.clone(), expected));
         let shared = Arc::clone(&self.shared);
         self.runtime.spawn(async move {
             let first = match sent {

@@ -7,6 +7,13 @@ use serde::Deserialize;
 
 use super::ConfigError;
 
+/// Appends a writer keeps unanswered at once by default (`appends_in_flight`). Alone, the log
+/// carries 4 times as many entries at 16 in flight as at 1 (scripts/bench-cluster-log.sh), but
+/// with three hubs and three nats-servers sharing two cores, 1 carried the most writes: more
+/// in flight sends smaller groups, and every entry costs each NATS server a sync
+/// (docs/performance.md, "Cluster mode").
+pub const DEFAULT_APPENDS_IN_FLIGHT: usize = 1;
+
 /// Cluster mode (docs/cluster.md): with NATS URLs the node joins a cluster whose hub lives in
 /// a replicated JetStream log; without (the default) it is a single node.
 #[derive(Debug, Clone, Deserialize)]
@@ -67,7 +74,7 @@ impl Default for ClusterSection {
             nats_password_file: None,
             nats_ca_file: None,
             secret_file: None,
-            appends_in_flight: crate::cluster::log::IN_FLIGHT,
+            appends_in_flight: DEFAULT_APPENDS_IN_FLIGHT,
         }
     }
 }

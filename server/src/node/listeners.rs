@@ -249,12 +249,16 @@ async fn serve_services(
             ctx: ctx.clone(),
             readiness: readiness.clone(),
         });
-        let (addr, task) =
-            crate::transport::ops::serve(config.listeners.metrics, source, paths.ca(), ops_stop.clone())
-                .map_err(|reason| NodeError::Bind {
-                    addr: config.listeners.metrics,
-                    reason,
-                })?;
+        let (addr, task) = crate::transport::ops::serve(
+            config.listeners.metrics,
+            source,
+            paths.ca(),
+            ops_stop.clone(),
+        )
+        .map_err(|reason| NodeError::Bind {
+            addr: config.listeners.metrics,
+            reason,
+        })?;
         println!("listening metrics={addr}");
         Some(task)
     } else {
