@@ -1,5 +1,6 @@
 """The container image (docs/container.md): scripts/build-image.sh builds it from the release
-binary, podman runs it in a network namespace this module makes, with the SDKs' ports published
+binary, podman runs it in a network namespace of the test's own (the e2e group's, or one this
+module makes), with the SDKs' ports published
 on that namespace's loopback, and the official SDKs use it as they would IoT Hub: telemetry
 sent and read back, twins patched from both sides, and all of it still there in a new container
 on the same volume. The image itself: under 100 MB, labelled, not root, healthy.
