@@ -131,6 +131,9 @@ fn next_twin_sequence(raw: &raw::Raw, version: u32) -> Result<u64, StorageError>
 pub struct Store {
     raw: raw::Raw,
     stripes: stripes::Stripes,
+    /// Registration ids being assigned (identity/provisioned.rs); apart from `stripes` so the
+    /// two are never the same lock.
+    registration_stripes: stripes::Stripes,
     partitions: d2c::Partitions,
     /// Next notification sequence number; held while one is submitted (see `notifications`).
     twin_sequence: Mutex<u64>,
@@ -352,6 +355,7 @@ impl Store {
         let store = Store {
             raw,
             stripes: stripes::Stripes::new(),
+            registration_stripes: stripes::Stripes::new(),
             partitions,
             twin_sequence,
             hub_lock: Mutex::new(()),

@@ -310,3 +310,78 @@ fn an_export_restores_every_record_verbatim() {
     );
     assert_eq!(target.get_registration("r1").unwrap().operation_id, "op1");
 }
+
+fn group(id: &str) -> EnrollmentWrite {
+    EnrollmentWrite {
+        kind: EnrollmentKind::Group,
+        device_id: None,
+        ..individual(id)
+    }
+}
+
+#[test]
+fn registrations_of_one_group_run_together_and_each_id_gets_one_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(open(dir.path()));
+    let g = store.put_enrollment(group("line-1"), None, T0).unwrap();
+    // 8 threads, 24 registration ids, each id assigned by 3 threads at once.
+    let ops = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (store, g, ops) = (store.clone(), g.clone(), ops.clone());
+            s.spawn(move || {
+                for n in 0..9 {
+                    let rid = format!("dev-{}", (t * 9 + n) % 24);
+                    let op = format!("op-{t}-{n}");
+                    let record = store
+                        .assign_registration(
+                            Assignment {
+                                enrollment_kind: EnrollmentKind::Group,
+                                enrollment_id: g.id.clone(),
+                                enrollment_etag: g.etag.clone(),
+                                registration_id: rid.clone(),
+                                credentials: sas(KEY),
+                                payload: None,
+                                operation_id: op,
+                                assigned_hub: "hub.example".into(),
+                            },
+                            at(1000 + n as i64),
+                        )
+                        .unwrap();
+                    assert_eq!(record.device_id, rid);
+                    ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    assert_eq!(ops.load(std::sync::atomic::Ordering::Relaxed), 72);
+    let devices = store.list_devices(1000).unwrap();
+    assert_eq!(devices.len(), 24, "one device per registration id");
+    for d in &devices {
+        let state = store.get_registration(&d.device_id).unwrap();
+        assert_eq!(state.device_id, d.device_id);
+        assert_eq!(state.enrollment_id, "line-1");
+    }
+}
+
+#[test]
+fn the_groups_generation_moves_with_group_changes_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let before = store.enrollment_groups_generation().unwrap();
+    store.put_enrollment(individual("r1"), None, T0).unwrap();
+    assign(&store, "r1", "op1").unwrap();
+    assert_eq!(store.enrollment_groups_generation().unwrap(), before);
+    let g = store.put_enrollment(group("g1"), None, T0).unwrap();
+    let created = store.enrollment_groups_generation().unwrap();
+    assert_ne!(created, before);
+    store
+        .put_enrollment(group("g1"), Some(&IfMatch::Etag(g.etag)), at(1))
+        .unwrap();
+    let replaced = store.enrollment_groups_generation().unwrap();
+    assert_ne!(replaced, created);
+    store
+        .delete_enrollment(EnrollmentKind::Group, "g1", &IfMatch::Any)
+        .unwrap();
+    assert_ne!(store.enrollment_groups_generation().unwrap(), replaced);
+}

@@ -66,6 +66,16 @@ pub fn common_name(cert: &CertificateDer<'_>) -> Result<String, X509Error> {
     Ok(cn)
 }
 
+/// The certificate's subject and issuer names, DER as they stand in it (`None` when it cannot
+/// be parsed): equal bytes name the same CA, which is how a chain finds its issuer.
+pub fn subject_and_issuer(der: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(der).ok()?;
+    Some((
+        parsed.subject().as_raw().to_vec(),
+        parsed.issuer().as_raw().to_vec(),
+    ))
+}
+
 /// Checks that `cert` chains to one of `cas` (valid now, for client authentication) and that
 /// its subject CN is the identity (`deviceId` or `deviceId/moduleId`), as IoT Hub requires.
 pub fn verify_ca_signed(

@@ -173,4 +173,7 @@ smoke_tests!(
     config_toml,
     amqp_frames,
     dps_register,
+    enrollment_json,
+    pnp_patch,
+    amqp_device_link,
 );

@@ -6,7 +6,8 @@
 // One JSON request on stdin, one JSON line on stdout:
 //
 //   {"host", "port", "idScope", "registrationId", "token", "bodies": [base64, ...], "timeoutMs"}
-//     -> {"replies": [{"status": iotdps-status, "body": the reply's JSON}, ...]} in the bodies' order
+//     -> {"replies": [{"status": iotdps-status, "retryAfter": retry-after, "body": the reply's JSON}, ...]}
+//        in the bodies' order
 //
 // Exits 0 with that line, 2 when timeoutMs passes first, 1 on a failure of the script itself.
 // The hub's CA comes from NODE_EXTRA_CA_CERTS, rhea from NODE_PATH.
@@ -61,6 +62,7 @@ async function main() {
     const i = Number(String(m.correlation_id).replace('request-', ''));
     replies[i] = {
       status: m.application_properties && m.application_properties['iotdps-status'],
+      retryAfter: m.application_properties && m.application_properties['retry-after'],
       body: JSON.parse(text(m.body)),
     };
     answered += 1;

@@ -33,9 +33,10 @@ class Closed(Exception):
 
 
 class RawMqtt:
-    def __init__(self, port: int, ca: str, host: str = "localhost"):
+    def __init__(self, port: int, ca: str, host: str = "localhost", source: str | None = None):
+        """`source` binds the client's address (say 127.0.0.5: another client, as the hub sees it)."""
         ctx = ssl.create_default_context(cafile=ca)
-        raw = socket.create_connection((host, port), timeout=10)
+        raw = socket.create_connection((host, port), timeout=10, source_address=(source, 0) if source else None)
         self.sock = ctx.wrap_socket(raw, server_hostname=host)
         self.buf = b""
 

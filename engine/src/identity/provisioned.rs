@@ -2,9 +2,13 @@
 //! describes, its initial twin, and the registration state, in one atomic commit.
 //!
 //! # Invariants
-//! - The enrollment is read under the enrollment lock and must still carry the etag the
-//!   caller attested against, so a registration is never assigned by an enrollment that was
-//!   changed, disabled or deleted after the device proved itself.
+//! - The enrollment is read under the enrollment lock (shared: enrollment changes hold it
+//!   exclusively) and must still carry the etag the caller attested against, so a
+//!   registration is never assigned by an enrollment that was changed, disabled or deleted
+//!   after the device proved itself.
+//! - One registration id is assigned by one caller at a time (its stripe in
+//!   `registration_stripes`, taken before the device's stripe, the only order both are
+//!   taken in); registrations of other ids run alongside and share the group commit.
 //! - The identity, its twin and the registration state commit together: a crash leaves either
 //!   all of them or none.
 //! - The initial twin is applied only when the device is created here, or when the
@@ -64,7 +68,10 @@ impl Store {
         assignment: Assignment,
         now: UnixMillis,
     ) -> Result<RegistrationRecord, ProvisioningError> {
-        let _enrollments = self.enrollment_lock.0.lock();
+        // Shared: enrollment changes wait, other registrations do not. The registration id's
+        // stripe makes the read of its previous state and the write of the new one one step.
+        let _enrollments = self.enrollment_lock.0.read();
+        let _registration = self.registration_stripes.lock(&assignment.registration_id);
         let enrollment = self
             .get_enrollment(assignment.enrollment_kind, &assignment.enrollment_id)
             .map_err(|e| match e {

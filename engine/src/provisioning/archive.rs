@@ -57,12 +57,13 @@ impl Store {
         enrollments: &[Enrollment],
         registrations: &[RegistrationRecord],
     ) -> Result<(), StorageError> {
-        let _guard = self.enrollment_lock.0.lock();
+        let _guard = self.enrollment_lock.0.write();
         for chunk in enrollments.chunks(RESTORE_BATCH) {
             let mut batch = Batch::default();
             for e in chunk {
                 let kind: EnrollmentKind = e.kind;
                 batch.put_record(cf::META, kind.key(&e.id), e);
+                super::enrollments::stage_group_change(&mut batch, kind);
             }
             self.raw.commit(batch)?;
         }

@@ -1,13 +1,13 @@
 //! Individual enrollments and enrollment groups: create-or-replace under an etag, read, delete,
 //! list in id order with a continuation, and bulk operations in one commit.
 
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 
 use ferrohub_migrations::cf;
 
 use super::{
     validate_registration_id, Attestation, Enrollment, EnrollmentKind, ProvisioningError,
-    ReprovisionPolicy, X509Attestation, MAX_BULK_ENROLLMENTS,
+    ReprovisionPolicy, X509Attestation, GROUPS_GENERATION_KEY, MAX_BULK_ENROLLMENTS,
 };
 use crate::error::{StorageError, ValidationError};
 use crate::keys;
@@ -18,9 +18,11 @@ use crate::model::{
 use crate::raw::Batch;
 use crate::Store;
 
-/// Serialises enrollment changes and the assignments that read them.
+/// Enrollment changes hold it exclusively; assignments, which only read an enrollment, share
+/// it, so registrations of different devices proceed together (each also holds its
+/// registration id's and its device's stripe).
 #[derive(Default)]
-pub(crate) struct EnrollmentLock(pub(crate) Mutex<()>);
+pub(crate) struct EnrollmentLock(pub(crate) RwLock<()>);
 
 /// How the caller asks an enrollment to attest: symmetric keys may be left out (generated).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -170,7 +172,32 @@ impl EnrollmentWrite {
     }
 }
 
+/// Marks a batch that changes an enrollment group: the groups' generation gets a new value,
+/// so whoever caches the groups (attestation) knows to read them again. A random value needs
+/// no read of the old one; on a replica it arrives in the same applied batch as the change.
+pub(super) fn stage_group_change(batch: &mut Batch, kind: EnrollmentKind) {
+    if kind == EnrollmentKind::Group {
+        batch.put_record(
+            cf::META,
+            GROUPS_GENERATION_KEY.to_vec(),
+            &rand::random::<u64>(),
+        );
+    }
+}
+
 impl Store {
+    /// The enrollment groups' generation: it changes with every committed change to any group
+    /// (0 while none was ever written by this version). Equal values mean equal groups.
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub fn enrollment_groups_generation(&self) -> Result<u64, StorageError> {
+        Ok(self
+            .raw
+            .get_record::<u64>(cf::META, GROUPS_GENERATION_KEY)?
+            .unwrap_or(0))
+    }
+
     /// # Errors
     /// `EnrollmentNotFound` / `GroupNotFound` or storage errors.
     pub fn get_enrollment(
@@ -196,7 +223,7 @@ impl Store {
         now: UnixMillis,
     ) -> Result<Enrollment, ProvisioningError> {
         write.validate()?;
-        let _guard = self.enrollment_lock.0.lock();
+        let _guard = self.enrollment_lock.0.write();
         let mut batch = Batch::default();
         let stored = self.stage_put_enrollment(&mut batch, write, if_match, now)?;
         self.raw.commit(batch)?;
@@ -222,6 +249,7 @@ impl Store {
         }
         let record = write.into_record(current.as_ref(), now);
         batch.put_record(cf::META, kind.key(&record.id), &record);
+        stage_group_change(batch, kind);
         Ok(record)
     }
 
@@ -235,11 +263,12 @@ impl Store {
         id: &str,
         if_match: &IfMatch,
     ) -> Result<(), ProvisioningError> {
-        let _guard = self.enrollment_lock.0.lock();
+        let _guard = self.enrollment_lock.0.write();
         let current = self.get_enrollment(kind, id)?;
         if_match.check(&current.etag)?;
         let mut batch = Batch::default();
         batch.delete(cf::META, kind.key(id));
+        stage_group_change(&mut batch, kind);
         self.raw.commit(batch)?;
         Ok(())
     }
@@ -302,7 +331,7 @@ impl Store {
                 max: MAX_BULK_ENROLLMENTS,
             });
         }
-        let _guard = self.enrollment_lock.0.lock();
+        let _guard = self.enrollment_lock.0.write();
         let mut batch = Batch::default();
         let mut errors = Vec::new();
         let mut seen = std::collections::HashSet::new();
@@ -342,6 +371,7 @@ impl Store {
                     IfMatch::Etag(e).check(&current.etag)?;
                 }
                 batch.delete(cf::META, kind.key(&write.id));
+                stage_group_change(batch, kind);
             }
             BulkMode::Create => {
                 write.validate()?;

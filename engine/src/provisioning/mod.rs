@@ -38,6 +38,9 @@ pub use registrations::RegistrationPage;
 const ENROLLMENT_PREFIX: &[u8] = b"dps/enr/";
 const GROUP_PREFIX: &[u8] = b"dps/grp/";
 const REGISTRATION_PREFIX: &[u8] = b"dps/reg/";
+/// The enrollment groups' generation (see `Store::enrollment_groups_generation`); it shares
+/// none of the prefixes above, so no scan of enrollments, groups or registrations reads it.
+const GROUPS_GENERATION_KEY: &[u8] = b"dps/groups-generation";
 
 /// Longest registration or enrollment group id, in characters.
 pub const MAX_REGISTRATION_ID_LEN: usize = 128;

@@ -46,7 +46,7 @@ impl Store {
         registration_id: &str,
         if_match: &IfMatch,
     ) -> Result<(), ProvisioningError> {
-        let _guard = self.enrollment_lock.0.lock();
+        let _guard = self.enrollment_lock.0.write();
         let current = self.get_registration(registration_id)?;
         if_match.check(&current.etag)?;
         let mut batch = Batch::default();

@@ -37,7 +37,7 @@ impl PartitionAddress {
 }
 
 /// Which of a device's links an address names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeviceLink {
     /// `messages/events`: telemetry.
     Telemetry,

@@ -131,6 +131,7 @@ pub async fn serve<Io>(
                         claims.clone(),
                         device.clone(),
                         Arc::clone(&device_links),
+                        peer.ip(),
                     ));
                 }
                 Err(e) => {
@@ -154,6 +155,7 @@ async fn serve_session(
     claims: Claims,
     device: DeviceCredential,
     device_links: Arc<DeviceLinks>,
+    source: std::net::IpAddr,
 ) {
     // Dispositions always settle: uamqp's sender asks for rcv-settle-mode `second` but only
     // completes a message on a settled disposition, as IoT Hub sends (it answers `first`).
@@ -254,6 +256,7 @@ async fn serve_session(
                     device.clone(),
                     id_scope,
                     registration_id,
+                    source,
                 ));
             }
             (Node::Registration { .. }, LinkEndpoint::Sender(s)) => {

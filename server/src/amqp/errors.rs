@@ -93,6 +93,16 @@ pub fn redirect(host: &str, address: &str) -> Error {
     )
 }
 
+/// A second live link of the same identity, address and direction on one connection.
+pub fn link_taken(what: &str) -> Error {
+    error(
+        AmqpError::ResourceLocked,
+        "DeviceAlreadyConnected",
+        409002,
+        &format!("{what} is already attached on this connection; detach it first"),
+    )
+}
+
 /// A failure of the hub itself (storage).
 pub fn internal(message: &str) -> Error {
     error(AmqpError::InternalError, "ServerError", 500001, message)

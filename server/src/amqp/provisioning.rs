@@ -64,6 +64,7 @@ pub async fn serve_requests(
     credential: DeviceCredential,
     id_scope: String,
     registration_id: String,
+    source: std::net::IpAddr,
 ) {
     loop {
         let delivery = match link.recv::<Body<Value>>().await {
@@ -78,7 +79,15 @@ pub async fn serve_requests(
             .properties
             .as_ref()
             .and_then(|p| p.correlation_id.clone());
-        let result = answer(request, &ctx, &credential, &id_scope, &registration_id).await;
+        let result = answer(
+            request,
+            &ctx,
+            &credential,
+            &id_scope,
+            &registration_id,
+            source,
+        )
+        .await;
         if link.accept(&delivery).await.is_err() {
             break;
         }
@@ -106,6 +115,7 @@ async fn answer(
     credential: &DeviceCredential,
     id_scope: &str,
     registration_id: &str,
+    source: std::net::IpAddr,
 ) -> Result<Operation, DpsFailure> {
     let credential = credential.get().ok_or_else(|| {
         DpsFailure::Unauthorized("no SAS token (SASL PLAIN) and no client certificate".into())
@@ -115,6 +125,7 @@ async fn answer(
         registration_id: registration_id.to_string(),
         credential: credential.clone(),
         payload,
+        source,
     };
     match application_property(message, "iotdps-operation-type") {
         Some("iotdps-register") => {
@@ -158,9 +169,13 @@ fn reply(
         }
     };
     let mut properties = ApplicationProperties::default();
+    let retry_after = match &result {
+        Err(f) => f.retry_after_secs().unwrap_or(RETRY_AFTER_SECS),
+        Ok(_) => RETRY_AFTER_SECS,
+    };
     properties.0.insert(
         "retry-after".into(),
-        SimpleValue::String(RETRY_AFTER_SECS.to_string()),
+        SimpleValue::String(retry_after.to_string()),
     );
     properties
         .0

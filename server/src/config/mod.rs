@@ -435,6 +435,10 @@ pub struct ThrottlingSection {
     /// (THR-2).
     #[serde(with = "humantime_serde")]
     pub fair_share_hold: Duration,
+    /// Failed DPS attestations one source address may make per minute (the burst too);
+    /// beyond it every DPS request from that address gets 429 until the budget refills. 0
+    /// turns the limit off.
+    pub dps_failed_attestations_per_minute: u32,
 }
 
 impl Default for ThrottlingSection {
@@ -455,6 +459,7 @@ impl Default for ThrottlingSection {
             queries_per_minute: None,
             daily_messages: None,
             fair_share_hold: Duration::from_secs(5),
+            dps_failed_attestations_per_minute: 60,
         }
     }
 }

@@ -12,14 +12,20 @@
 //! - Entry points touch no files, sockets or clocks: what they drive must be pure given bytes.
 
 mod amqp;
+mod amqp_device;
 mod json;
 mod mqtt;
+mod pnp;
+mod provisioning;
 mod query;
 mod text;
 
 pub use amqp::amqp_frames;
+pub use amqp_device::amqp_device_link;
 pub use json::{config_toml, dps_register, identity_json, twin_patch};
 pub use mqtt::mqtt_stream;
+pub use pnp::pnp_patch;
+pub use provisioning::enrollment_json;
 pub use query::query;
 pub use text::{property_bag, sas_token, topics};
 
@@ -35,6 +41,9 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("config_toml", config_toml),
     ("amqp_frames", amqp_frames),
     ("dps_register", dps_register),
+    ("enrollment_json", enrollment_json),
+    ("pnp_patch", pnp_patch),
+    ("amqp_device_link", amqp_device_link),
 ];
 
 /// The hub name the targets authenticate against.

@@ -133,6 +133,7 @@ pub async fn serve<IO>(
         id_scope,
         registration_id,
         credential,
+        source: peer.addr.ip(),
     };
     loop {
         let packet = match tokio::time::timeout(keep_alive, framed.next()).await {
@@ -196,6 +197,7 @@ struct Session {
     id_scope: String,
     registration_id: String,
     credential: Credential,
+    source: std::net::IpAddr,
 }
 
 impl Session {
@@ -205,6 +207,7 @@ impl Session {
             registration_id: self.registration_id.clone(),
             credential: self.credential.clone(),
             payload,
+            source: self.source,
         }
     }
 
@@ -238,22 +241,22 @@ impl Session {
         } else {
             return None;
         };
-        let (status, body) = match result {
-            Ok(op) => {
-                let status = match op.state {
-                    OperationState::Assigning => 202,
-                    _ => 200,
-                };
-                (status, status_json::operation(&op))
-            }
+        let (status, body, retry_after) = match result {
+            Ok(op) => match op.state {
+                OperationState::Assigning => {
+                    (202, status_json::operation(&op), Some(RETRY_AFTER_SECS))
+                }
+                _ => (200, status_json::operation(&op), None),
+            },
             Err(f) => (
                 f.status_and_code().0,
                 status_json::failure(&f, self.ctx.clock.now()),
+                f.retry_after_secs(),
             ),
         };
         let mut topic = format!("$dps/registrations/res/{status}/?$rid={rid}");
-        if status == 202 || status >= 429 {
-            topic.push_str(&format!("&retry-after={RETRY_AFTER_SECS}"));
+        if let Some(secs) = retry_after {
+            topic.push_str(&format!("&retry-after={secs}"));
         }
         let payload = status_json::to_ascii_json(&body).into_bytes();
         Some(PublishPacket::new(

@@ -248,6 +248,7 @@ impl Services {
                 handle.clone(),
                 &settings,
                 clock.clone(),
+                config.throttling.dps_failed_attestations_per_minute,
             ),
             store: handle,
             settings,

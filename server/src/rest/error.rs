@@ -68,6 +68,8 @@ pub enum ApiError {
         status: StatusCode,
         code: u32,
         message: String,
+        /// Seconds for `Retry-After` (a throttled or unavailable service).
+        retry_after: Option<u64>,
     },
 }
 
@@ -157,6 +159,11 @@ impl ApiError {
         let (status, name, number) = self.status_and_code();
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
+        } else if status == StatusCode::TOO_MANY_REQUESTS {
+            // A flood must not become a flood of log lines: the metrics count these.
+            metrics::counter!("ferrohub_requests_refused_total", "protocol" => "https", "code" => name)
+                .increment(1);
+            tracing::debug!(code = name, number, error = %self, "request throttled");
         } else {
             metrics::counter!("ferrohub_requests_refused_total", "protocol" => "https", "code" => name)
                 .increment(1);
@@ -186,12 +193,18 @@ impl ApiError {
         };
         let mut response =
             warp::reply::with_status(warp::reply::json(&body), status).into_response();
-        if let ApiError::Throttled(t) = self {
+        let retry_after = match self {
             // Whole seconds, rounded up: the earliest a retry can be admitted.
-            let secs = t.retry_after.as_secs() + u64::from(t.retry_after.subsec_nanos() > 0);
-            if let Ok(v) = warp::http::HeaderValue::from_str(&secs.max(1).to_string()) {
-                response.headers_mut().insert("retry-after", v);
+            ApiError::Throttled(t) => {
+                Some((t.retry_after.as_secs() + u64::from(t.retry_after.subsec_nanos() > 0)).max(1))
             }
+            ApiError::Provisioning { retry_after, .. } => *retry_after,
+            _ => None,
+        };
+        if let Some(v) =
+            retry_after.and_then(|s| warp::http::HeaderValue::from_str(&s.to_string()).ok())
+        {
+            response.headers_mut().insert("retry-after", v);
         }
         response
     }

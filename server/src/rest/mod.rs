@@ -17,7 +17,7 @@ mod identities;
 pub mod identity_json;
 pub mod jobs;
 mod methods;
-mod provisioning;
+pub(crate) mod provisioning;
 mod query;
 pub mod reply;
 mod routing;
@@ -50,6 +50,10 @@ pub type Context = HubContext;
 /// An id taken from a path segment, percent-decoded.
 #[derive(Debug, Clone)]
 pub struct PathId(pub String);
+
+/// The client's address, put into each request's extensions by the HTTPS listener.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub std::net::SocketAddr);
 
 impl FromStr for PathId {
     type Err = ();

@@ -13,9 +13,7 @@ use crate::hub::HubContext;
 use crate::mqtt::connection::{self, PeerInfo, MAX_PACKET};
 use crate::x509::PeerChain;
 
-/// The client's address, put into each request's extensions by the HTTPS listener.
-#[derive(Debug, Clone, Copy)]
-pub struct PeerAddr(pub SocketAddr);
+pub use crate::rest::PeerAddr;
 
 /// Cancelled when the node shuts down; upgraded connections watch it.
 #[derive(Debug, Clone)]

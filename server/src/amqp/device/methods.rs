@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use fe2o3_amqp::link::Receiver;
-use fe2o3_amqp::types::messaging::Body;
+use fe2o3_amqp::types::messaging::{Body, Message};
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 
 use super::{messages, Attached};
@@ -24,20 +24,7 @@ pub async fn serve_answers(mut link: Receiver, ctx: HubContext, attached: Arc<At
                 break;
             }
         };
-        let answer = delivery.message();
-        let rid = messages::correlation(answer).map(|c| id_text(&c));
-        let status = answer
-            .application_properties
-            .as_ref()
-            .and_then(|a| a.0.get("IoThub-status"))
-            .and_then(|v| match v {
-                SimpleValue::Int(n) => Some(*n),
-                SimpleValue::Long(n) => i32::try_from(*n).ok(),
-                SimpleValue::Uint(n) => i32::try_from(*n).ok(),
-                SimpleValue::String(s) => s.parse().ok(),
-                _ => None,
-            });
-        let payload = body_bytes(&answer.body).unwrap_or_default();
+        let (rid, status, payload) = read_answer(delivery.message());
         let completed = match (rid, status) {
             (Some(rid), Some(status)) => {
                 ctx.methods
@@ -53,4 +40,23 @@ pub async fn serve_answers(mut link: Receiver, ctx: HubContext, attached: Arc<At
         }
     }
     let _ = link.close().await;
+}
+
+/// What a device's answer carries: the call's id (its correlation id, as text), its
+/// `IoThub-status`, and its payload (none for a body that is not bytes).
+pub(crate) fn read_answer(answer: &Message<Body<Value>>) -> (Option<String>, Option<i32>, Vec<u8>) {
+    let rid = messages::correlation(answer).map(|c| id_text(&c));
+    let status = answer
+        .application_properties
+        .as_ref()
+        .and_then(|a| a.0.get("IoThub-status"))
+        .and_then(|v| match v {
+            SimpleValue::Int(n) => Some(*n),
+            SimpleValue::Long(n) => i32::try_from(*n).ok(),
+            SimpleValue::Uint(n) => i32::try_from(*n).ok(),
+            SimpleValue::String(s) => s.parse().ok(),
+            _ => None,
+        });
+    let payload = body_bytes(&answer.body).unwrap_or_default();
+    (rid, status, payload)
 }

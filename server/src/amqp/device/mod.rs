@@ -7,6 +7,11 @@
 //!   links authenticate again (a token may have expired), then share that registration.
 //! - What the hub pushes to the identity (desired patches, method calls) goes out on its twin
 //!   and methods links; C2D messages are fetched by its C2D link.
+//! - Links of one identity attaching at once (several sessions of one connection) register it
+//!   once: its first registration is made under a per-identity turn, and the others share it.
+//! - One live link per identity, address kind and direction on a connection: a second one
+//!   while the first is attached is refused on its own link (`amqp:resource-locked`); the
+//!   connection and its other links go on.
 //! - When the connection ends, each identity is recorded disconnected (if still current).
 //!
 //! # Invariants
@@ -18,11 +23,11 @@
 mod c2d;
 pub mod credentials;
 pub(crate) mod messages;
-mod methods;
-mod telemetry;
-mod twin;
+pub(crate) mod methods;
+pub(crate) mod telemetry;
+pub(crate) mod twin;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -59,6 +64,11 @@ pub struct DeviceLinks {
     ctx: HubContext,
     credentials: DeviceCredentials,
     attached: Mutex<HashMap<Identity, Arc<Attached>>>,
+    /// Each identity's turn to register: two of its links attaching at once would otherwise
+    /// both register it, and the second registration would kick the first (this connection).
+    attaching: Mutex<HashMap<Identity, Arc<tokio::sync::Mutex<()>>>>,
+    /// The live links, by identity, kind and whether the hub sends on it.
+    live: Arc<Mutex<HashSet<(Identity, DeviceLink, bool)>>>,
     /// Cancelled when one of the identities is kicked: the connection then closes.
     pub kicked: CancellationToken,
 }
@@ -69,6 +79,8 @@ impl DeviceLinks {
             ctx,
             credentials,
             attached: Mutex::new(HashMap::new()),
+            attaching: Mutex::new(HashMap::new()),
+            live: Arc::default(),
             kicked: CancellationToken::new(),
         })
     }
@@ -91,6 +103,8 @@ impl DeviceLinks {
                 AuthFailure::Refused(reason) => errors::unauthorized(&reason.to_string()),
                 AuthFailure::Unavailable(e) => errors::internal(&e.to_string()),
             })?;
+        let turn = Arc::clone(self.attaching.lock().entry(who.clone()).or_default());
+        let _turn = turn.lock().await;
         if let Some(existing) = self.attached.lock().get(who) {
             if existing.registration.is_current() {
                 return Ok(Arc::clone(existing));
@@ -143,7 +157,21 @@ impl DeviceLinks {
                 return;
             }
         };
+        let key = (who.clone(), kind, matches!(link, LinkEndpoint::Sender(_)));
+        if !self.live.lock().insert(key.clone()) {
+            tracing::info!(identity = %who, ?kind, "AMQP device link refused: one of its kind is attached");
+            close_with(link, errors::link_taken(&format!("{who}'s {kind:?} link"))).await;
+            return;
+        }
+        let live = LiveLink {
+            set: Arc::clone(&self.live),
+            key,
+        };
         let ctx = self.ctx.clone();
+        let links = &mut Spawner {
+            links,
+            live: Some(live),
+        };
         match (kind, link) {
             (DeviceLink::Telemetry, LinkEndpoint::Receiver(r)) => {
                 links.spawn(telemetry::serve(r, ctx, attached));
@@ -198,6 +226,35 @@ impl DeviceLinks {
             finish(&self.ctx, &who, &a.registration).await;
             tracing::info!(identity = %who, "AMQP device detached");
         }
+    }
+}
+
+/// A link's place among the live ones, given back when its task ends (or it is refused).
+struct LiveLink {
+    set: Arc<Mutex<HashSet<(Identity, DeviceLink, bool)>>>,
+    key: (Identity, DeviceLink, bool),
+}
+
+impl Drop for LiveLink {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.key);
+    }
+}
+
+/// Spawns a link's task holding its [`LiveLink`]; a link not spawned (refused in this
+/// direction) gives its place back when the spawner is dropped.
+struct Spawner<'a> {
+    links: &'a mut JoinSet<()>,
+    live: Option<LiveLink>,
+}
+
+impl Spawner<'_> {
+    fn spawn(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let live = self.live.take();
+        self.links.spawn(async move {
+            task.await;
+            drop(live);
+        });
     }
 }
 

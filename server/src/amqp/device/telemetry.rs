@@ -169,7 +169,7 @@ async fn admit(
 /// The messages of a batch transfer, each decoded from its data section. The batch as a whole
 /// is held to one message's size limit, as IoT Hub holds it, by the link's max-message-size
 /// (a larger transfer detaches the link with `amqp:link:message-size-exceeded`).
-fn batch(outer: &Message<Body<Value>>) -> Result<Vec<DeviceMessage>, BadMessage> {
+pub(crate) fn batch(outer: &Message<Body<Value>>) -> Result<Vec<DeviceMessage>, BadMessage> {
     let Body::Data(sections) = &outer.body else {
         return Err(BadMessage::Field(
             "a batch message's body must be data sections".into(),

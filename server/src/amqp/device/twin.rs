@@ -71,16 +71,48 @@ async fn refusal(ctx: &HubContext, op: Operation, bytes: usize) -> Option<(i32, 
     Some((i32::from(status), body.to_string().into_bytes()))
 }
 
+/// What a twin request asks, from its `operation` and `resource` annotations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TwinRequest<'a> {
+    /// `GET`: the twin.
+    Get,
+    /// `PATCH` of `/properties/reported`: the body is a reported patch.
+    PatchReported,
+    /// `PUT` (true) or `DELETE` (false) of `/notifications/twin/properties/desired`.
+    DesiredPushes(bool),
+    /// Anything else: the operation and the resource (without trailing `/`) it named.
+    Unknown {
+        operation: &'a str,
+        resource: &'a str,
+    },
+}
+
+/// Reads what `request` asks; a missing annotation reads as empty.
+pub(crate) fn twin_request(
+    request: &fe2o3_amqp::types::messaging::Message<Body<Value>>,
+) -> TwinRequest<'_> {
+    let operation = messages::annotation_text(request, "operation").unwrap_or_default();
+    let resource = messages::annotation_text(request, "resource").unwrap_or_default();
+    match (operation, resource.trim_end_matches('/')) {
+        ("GET", _) => TwinRequest::Get,
+        ("PATCH", REPORTED) => TwinRequest::PatchReported,
+        ("PUT", DESIRED_NOTIFICATIONS) => TwinRequest::DesiredPushes(true),
+        ("DELETE", DESIRED_NOTIFICATIONS) => TwinRequest::DesiredPushes(false),
+        (operation, resource) => TwinRequest::Unknown {
+            operation,
+            resource,
+        },
+    }
+}
+
 async fn answer(
     request: &fe2o3_amqp::types::messaging::Message<Body<Value>>,
     ctx: &HubContext,
     attached: &Attached,
 ) -> (i32, Option<u64>, Vec<u8>) {
     let who = attached.auth.who.clone();
-    let operation = messages::annotation_text(request, "operation").unwrap_or_default();
-    let resource = messages::annotation_text(request, "resource").unwrap_or_default();
-    match (operation, resource.trim_end_matches('/')) {
-        ("GET", _) => {
+    match twin_request(request) {
+        TwinRequest::Get => {
             if let Some((status, body)) = refusal(ctx, Operation::TwinRead, 0).await {
                 return (status, None, body);
             }
@@ -103,7 +135,7 @@ async fn answer(
                 ),
             }
         }
-        ("PATCH", REPORTED) => {
+        TwinRequest::PatchReported => {
             let payload = match body_bytes(&request.body) {
                 Ok(b) => b,
                 Err(e) => return (400, None, error_body(e)),
@@ -129,15 +161,14 @@ async fn answer(
                 ),
             }
         }
-        ("PUT", DESIRED_NOTIFICATIONS) => {
-            attached.desired.store(true, Ordering::Release);
+        TwinRequest::DesiredPushes(on) => {
+            attached.desired.store(on, Ordering::Release);
             (200, None, Vec::new())
         }
-        ("DELETE", DESIRED_NOTIFICATIONS) => {
-            attached.desired.store(false, Ordering::Release);
-            (200, None, Vec::new())
-        }
-        (operation, resource) => (
+        TwinRequest::Unknown {
+            operation,
+            resource,
+        } => (
             400,
             None,
             error_body(format!(

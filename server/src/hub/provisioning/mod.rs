@@ -13,10 +13,13 @@
 //!   and the registration is attested again if it changed.
 
 mod attest;
+mod groups;
 mod outcomes;
 mod register_body;
+mod source_guard;
 pub mod status_json;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,8 +33,11 @@ use ferrohub_engine::StorageError;
 
 pub use attest::{AttestError, Credential};
 use attest::{Attested, Candidates};
+use groups::GroupIndex;
+pub use groups::MAX_SYMMETRIC_TRIES;
 use outcomes::Outcomes;
 pub use register_body::{parse_register_body, MAX_REGISTER_BODY};
+use source_guard::SourceGuard;
 
 use super::store_handle::StoreHandle;
 use crate::clock::Clock;
@@ -40,7 +46,7 @@ use crate::clock::Clock;
 pub const OUTCOME_TTL: Duration = Duration::from_secs(600);
 /// The polling interval the answers suggest (`retry-after`), in seconds.
 pub const RETRY_AFTER_SECS: u64 = 1;
-/// Most enrollment groups tried for one registration.
+/// Most enrollment groups read for attestation.
 const MAX_GROUPS: usize = 1000;
 
 /// A device's registration request.
@@ -51,6 +57,8 @@ pub struct RegisterRequest {
     pub credential: Credential,
     /// The device's `payload`, JSON.
     pub payload: Option<serde_json::Value>,
+    /// The address the request came from (the failed-attestation limit is per source).
+    pub source: IpAddr,
 }
 
 /// Where an operation stands.
@@ -81,6 +89,12 @@ pub enum DpsFailure {
     NotFound(String),
     #[error("the provisioning service cannot read or write now: {0}")]
     Unavailable(String),
+    /// A throttle or the source's failed-attestation limit: 429, try again after the wait.
+    #[error("{message}")]
+    Throttled {
+        message: String,
+        retry_after: Duration,
+    },
 }
 
 impl DpsFailure {
@@ -91,6 +105,18 @@ impl DpsFailure {
             DpsFailure::BadRequest(_) => (400, 400004),
             DpsFailure::NotFound(_) => (404, 404201),
             DpsFailure::Unavailable(_) => (503, 503000),
+            DpsFailure::Throttled { .. } => (429, 429001),
+        }
+    }
+
+    /// The `retry-after` the answer carries, in whole seconds (at least 1), where it has one.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            DpsFailure::Throttled { retry_after, .. } => {
+                Some(retry_after.as_secs_f64().ceil().max(1.0) as u64)
+            }
+            DpsFailure::Unavailable(_) => Some(RETRY_AFTER_SECS),
+            _ => None,
         }
     }
 }
@@ -124,10 +150,19 @@ pub struct Provisioning {
     host_name: String,
     clock: Clock,
     outcomes: Arc<Outcomes>,
+    /// The groups as last read, for the generation they were read at.
+    groups: Arc<parking_lot::Mutex<Option<Arc<GroupIndex>>>>,
+    sources: Arc<SourceGuard>,
 }
 
 impl Provisioning {
-    pub fn new(store: StoreHandle, hub: &HubSettings, clock: Clock) -> Self {
+    /// `failed_attestations_per_minute`: per source address (0: no limit).
+    pub fn new(
+        store: StoreHandle,
+        hub: &HubSettings,
+        clock: Clock,
+        failed_attestations_per_minute: u32,
+    ) -> Self {
         Provisioning {
             store,
             settings: hub
@@ -137,6 +172,8 @@ impl Provisioning {
             host_name: hub.host_name.clone(),
             clock,
             outcomes: Arc::new(Outcomes::default()),
+            groups: Arc::default(),
+            sources: Arc::new(SourceGuard::new(failed_attestations_per_minute)),
         }
     }
 
@@ -148,19 +185,35 @@ impl Provisioning {
         &self.host_name
     }
 
-    fn check_target(&self, id_scope: &str, registration_id: &str) -> Result<(), DpsFailure> {
-        if !id_scope.eq_ignore_ascii_case(&self.settings.id_scope) {
+    /// Refuses a source past its failed-attestation budget, then checks the request names this
+    /// service and a valid registration id.
+    fn check_target(&self, request: &RegisterRequest) -> Result<(), DpsFailure> {
+        if let Some(wait) = self.sources.refused_for(request.source) {
+            return Err(DpsFailure::Throttled {
+                message: "ThrottlingException: too many failed attestations from this address"
+                    .into(),
+                retry_after: wait,
+            });
+        }
+        if !request
+            .id_scope
+            .eq_ignore_ascii_case(&self.settings.id_scope)
+        {
+            self.sources.failed(request.source);
             return Err(DpsFailure::Unauthorized(format!(
-                "ID scope {id_scope:?} is not this provisioning service's"
+                "ID scope {:?} is not this provisioning service's",
+                request.id_scope
             )));
         }
-        validate_registration_id("registrationId", registration_id)
+        validate_registration_id("registrationId", &request.registration_id)
             .map_err(|e| DpsFailure::BadRequest(e.to_string()))
     }
 
     async fn attest(&self, request: &RegisterRequest) -> Result<Attested, DpsFailure> {
         let rid = request.registration_id.clone();
-        let candidates = self
+        let cached = self.groups.lock().clone();
+        let wants_cas = matches!(request.credential, Credential::Certificate(_));
+        let (individual, index, admitted_before, hub_cas) = self
             .store
             .run(move |s| {
                 let individual = match s.get_enrollment(EnrollmentKind::Individual, &rid) {
@@ -168,31 +221,56 @@ impl Provisioning {
                     Err(ProvisioningError::Storage(e)) => return Err(e),
                     Err(_) => None,
                 };
-                let groups = if individual.is_some() {
-                    Vec::new()
-                } else {
-                    s.list_enrollments(EnrollmentKind::Group, None, MAX_GROUPS)?
-                        .items
+                if individual.is_some() {
+                    return Ok((individual, None, None, Vec::new()));
+                }
+                let generation = s.enrollment_groups_generation()?;
+                let index = match cached {
+                    Some(index) if index.generation == generation => index,
+                    _ => Arc::new(GroupIndex::build(
+                        generation,
+                        s.list_enrollments(EnrollmentKind::Group, None, MAX_GROUPS)?
+                            .items,
+                    )),
                 };
-                let hub_cas = s
-                    .list_certificate_authorities()
-                    .map_err(|e| StorageError::Backend(e.to_string()))?;
-                Ok(Candidates {
-                    individual,
-                    groups,
-                    hub_cas,
-                })
+                let admitted_before = match s.get_registration(&rid) {
+                    Ok(r) if r.enrollment_kind == EnrollmentKind::Group => Some(r.enrollment_id),
+                    Err(ProvisioningError::Storage(e)) => return Err(e),
+                    _ => None,
+                };
+                let hub_cas = if wants_cas {
+                    s.list_certificate_authorities()
+                        .map_err(|e| StorageError::Backend(e.to_string()))?
+                } else {
+                    Vec::new()
+                };
+                Ok((individual, Some(index), admitted_before, hub_cas))
             })
             .await?;
+        let groups = match &index {
+            None => Vec::new(),
+            Some(index) => {
+                *self.groups.lock() = Some(Arc::clone(index));
+                match &request.credential {
+                    Credential::Sas(_) => index.symmetric_candidates(admitted_before.as_deref()),
+                    Credential::Certificate(chain) => index.x509_candidates(chain, &hub_cas),
+                }
+            }
+        };
         attest::attest(
             &request.credential,
             &self.settings.id_scope,
             &request.registration_id,
-            candidates,
+            Candidates {
+                individual,
+                groups,
+                hub_cas,
+            },
             self.clock.now_secs(),
         )
         .map_err(|e: AttestError| {
-            tracing::info!(registration = %request.registration_id, error = %e, "registration refused");
+            self.sources.failed(request.source);
+            tracing::info!(registration = %request.registration_id, source = %request.source, error = %e, "registration refused");
             DpsFailure::Unauthorized(e.to_string())
         })
     }
@@ -206,7 +284,18 @@ impl Provisioning {
         ctx: &super::HubContext,
         request: RegisterRequest,
     ) -> Result<Operation, DpsFailure> {
-        self.check_target(&request.id_scope, &request.registration_id)?;
+        self.check_target(&request)?;
+        // A registration is a device connection to come: it passes the same throttle (THR-1).
+        if let Err(t) = ctx
+            .throttles
+            .admit(super::throttle::Operation::DeviceConnection)
+            .await
+        {
+            return Err(DpsFailure::Throttled {
+                message: "ThrottlingException: the device connection throttle is exceeded".into(),
+                retry_after: t.retry_after,
+            });
+        }
         let operation_id = new_operation_id();
         let payload = request
             .payload
@@ -280,7 +369,7 @@ impl Provisioning {
         request: RegisterRequest,
         operation_id: &str,
     ) -> Result<Operation, DpsFailure> {
-        self.check_target(&request.id_scope, &request.registration_id)?;
+        self.check_target(&request)?;
         if let Some(state) =
             self.outcomes
                 .get(operation_id, &request.registration_id, self.clock.now())
@@ -315,7 +404,7 @@ impl Provisioning {
         &self,
         request: RegisterRequest,
     ) -> Result<RegistrationRecord, DpsFailure> {
-        self.check_target(&request.id_scope, &request.registration_id)?;
+        self.check_target(&request)?;
         self.attest(&request).await?;
         self.registration(&request.registration_id)
             .await?

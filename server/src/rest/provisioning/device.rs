@@ -3,6 +3,8 @@
 //! `POST /{idScope}/registrations/{id}`, authenticated by a SAS token in `Authorization` or
 //! the TLS client certificate.
 
+use std::net::IpAddr;
+
 use serde_json::Value;
 use warp::filters::BoxedFilter;
 use warp::http::StatusCode;
@@ -15,6 +17,7 @@ use crate::hub::provisioning::{
 };
 use crate::rest::error::ApiError;
 use crate::rest::reply::{json, json_with_status, one_of, Handled, Response};
+use crate::rest::PeerAddr;
 use crate::rest::{Context, PathId};
 use crate::x509::PeerChain;
 
@@ -29,6 +32,7 @@ pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
             .and(api_version())
             .and(with_ctx())
             .and(credential())
+            .and(source())
             .and(body())
             .then(register)
             .boxed(),
@@ -37,6 +41,7 @@ pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
             .and(api_version())
             .and(with_ctx())
             .and(credential())
+            .and(source())
             .then(operation_status)
             .boxed(),
         warp::path!(String / "registrations" / PathId)
@@ -44,6 +49,7 @@ pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
             .and(api_version())
             .and(with_ctx())
             .and(credential())
+            .and(source())
             .then(registration_status)
             .boxed(),
     ])
@@ -64,6 +70,12 @@ fn credential() -> impl Filter<Extract = (Option<Credential>,), Error = warp::Re
         )
 }
 
+/// The client's address as the listener recorded it (unspecified when there is none).
+fn source() -> impl Filter<Extract = (IpAddr,), Error = std::convert::Infallible> + Clone {
+    warp::ext::optional::<PeerAddr>()
+        .map(|peer: Option<PeerAddr>| peer.map_or(IpAddr::from([0, 0, 0, 0]), |p| p.0.ip()))
+}
+
 /// The body's bytes, at most the register body's limit.
 fn body() -> impl Filter<Extract = (bytes::Bytes,), Error = warp::Rejection> + Clone {
     warp::body::content_length_limit(MAX_REGISTER_BODY as u64).and(warp::body::bytes())
@@ -74,6 +86,7 @@ fn request(
     PathId(registration_id): PathId,
     credential: Option<Credential>,
     payload: Option<Value>,
+    source: IpAddr,
 ) -> Result<RegisterRequest, ApiError> {
     let credential = credential.ok_or_else(|| {
         refusal(
@@ -87,6 +100,7 @@ fn request(
         registration_id,
         credential,
         payload,
+        source,
     })
 }
 
@@ -102,10 +116,11 @@ async fn register(
     rid: PathId,
     ctx: Context,
     credential: Option<Credential>,
+    source: IpAddr,
     body: bytes::Bytes,
 ) -> Handled {
     let payload = parse_register_body(&body, &rid.0)?;
-    let request = request(id_scope, rid, credential, payload)?;
+    let request = request(id_scope, rid, credential, payload, source)?;
     let op = ctx.provisioning.register(&ctx, request).await?;
     Ok(with_retry_after(json_with_status(
         &status_json::operation(&op),
@@ -119,8 +134,9 @@ async fn operation_status(
     PathId(operation_id): PathId,
     ctx: Context,
     credential: Option<Credential>,
+    source: IpAddr,
 ) -> Handled {
-    let request = request(id_scope, rid, credential, None)?;
+    let request = request(id_scope, rid, credential, None, source)?;
     let op = ctx
         .provisioning
         .operation_status(request, &operation_id)
@@ -139,8 +155,9 @@ async fn registration_status(
     rid: PathId,
     ctx: Context,
     credential: Option<Credential>,
+    source: IpAddr,
 ) -> Handled {
-    let request = request(id_scope, rid, credential, None)?;
+    let request = request(id_scope, rid, credential, None, source)?;
     let record = ctx.provisioning.registration_status(request).await?;
     Ok(json(&status_json::registration_state(&record)))
 }

@@ -8,8 +8,8 @@
 //!   the right they need before anything is read.
 
 mod device;
-mod enrollment_json;
-mod service;
+pub(crate) mod enrollment_json;
+pub(crate) mod service;
 
 use ferrohub_engine::provisioning::ProvisioningError;
 use warp::filters::BoxedFilter;
@@ -31,6 +31,7 @@ fn refusal(status: StatusCode, code: u32, message: impl Into<String>) -> ApiErro
         status,
         code,
         message: message.into(),
+        retry_after: None,
     }
 }
 
@@ -42,11 +43,12 @@ fn bad_request(message: impl Into<String>) -> ApiError {
 impl From<DpsFailure> for ApiError {
     fn from(f: DpsFailure) -> Self {
         let (status, code) = f.status_and_code();
-        refusal(
-            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        ApiError::Provisioning {
+            status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             code,
-            f.to_string(),
-        )
+            message: f.to_string(),
+            retry_after: f.retry_after_secs(),
+        }
     }
 }
 

@@ -11,7 +11,7 @@
 
 use ferrohub_engine::model::IfMatch;
 use ferrohub_engine::provisioning::{
-    BulkMode, EnrollmentKind, ProvisioningError, ProvisioningRights,
+    BulkMode, Enrollment, EnrollmentKind, EnrollmentWrite, ProvisioningError, ProvisioningRights,
 };
 use ferrohub_engine::StorageError;
 use serde_json::{json, Value};
@@ -336,7 +336,22 @@ async fn query_enrollments(
     Ok(page_response(items, page.continuation, item_type))
 }
 
-async fn bulk(ctx: Context, kind: EnrollmentKind, body: Value) -> Handled {
+/// A bulk body's list field and its items' id field, for `kind`.
+fn bulk_fields(kind: EnrollmentKind) -> (&'static str, &'static str) {
+    match kind {
+        EnrollmentKind::Individual => ("enrollments", "registrationId"),
+        EnrollmentKind::Group => ("enrollmentGroups", "enrollmentGroupId"),
+    }
+}
+
+/// What a bulk body asks before anything is read from the store: its mode and its items.
+///
+/// # Errors
+/// A 400 for a mode that is not one of DPS's, or a body without the list of its kind.
+pub(crate) fn bulk_request(
+    body: &Value,
+    kind: EnrollmentKind,
+) -> Result<(BulkMode, &[Value]), ApiError> {
     let mode = match body
         .get("mode")
         .and_then(Value::as_str)
@@ -352,52 +367,77 @@ async fn bulk(ctx: Context, kind: EnrollmentKind, body: Value) -> Handled {
             )))
         }
     };
-    let (list_field, id_field) = match kind {
-        EnrollmentKind::Individual => ("enrollments", "registrationId"),
-        EnrollmentKind::Group => ("enrollmentGroups", "enrollmentGroupId"),
-    };
+    let (list_field, _) = bulk_fields(kind);
     let items = body
         .get(list_field)
         .and_then(Value::as_array)
         .ok_or_else(|| bad_request(format!("{list_field} must be an array")))?;
+    Ok((mode, items.as_slice()))
+}
+
+/// The id a bulk item names.
+///
+/// # Errors
+/// A 400 for an item without a string id.
+pub(crate) fn bulk_item_id(item: &Value, kind: EnrollmentKind) -> Result<&str, ApiError> {
+    let (_, id_field) = bulk_fields(kind);
+    item.get(id_field)
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad_request(format!("every item needs {id_field}")))
+}
+
+/// One item of a bulk body, given the stored enrollment of its id (`previous`): the write it
+/// asks for and the etag it names.
+///
+/// # Errors
+/// A 400 naming the item for a body [`parse_enrollment`] refuses, unless the mode is delete:
+/// a delete needs only the id.
+pub(crate) fn bulk_item(
+    mode: BulkMode,
+    kind: EnrollmentKind,
+    item: &Value,
+    id: &str,
+    previous: Option<&Enrollment>,
+) -> Result<(EnrollmentWrite, Option<String>), ApiError> {
+    let write = if mode == BulkMode::Delete {
+        // A delete needs only the id; the rest of the item may be anything.
+        parse_enrollment(item, kind, id, previous).unwrap_or_else(|_| EnrollmentWrite {
+            kind,
+            id: id.to_string(),
+            attestation: ferrohub_engine::provisioning::AttestationSpec::SymmetricKey(
+                Default::default(),
+            ),
+            device_id: None,
+            enabled: true,
+            initial_tags: None,
+            initial_desired: None,
+            iot_edge: false,
+            reprovision: Default::default(),
+            passthrough: "{}".into(),
+        })
+    } else {
+        parse_enrollment(item, kind, id, previous).map_err(|e| bad_request(format!("{id}: {e}")))?
+    };
+    let etag = item.get("etag").and_then(Value::as_str).map(|e| {
+        e.trim()
+            .trim_start_matches("W/")
+            .trim_matches('"')
+            .to_string()
+    });
+    Ok((write, etag))
+}
+
+async fn bulk(ctx: Context, kind: EnrollmentKind, body: Value) -> Handled {
+    let (mode, items) = bulk_request(&body, kind)?;
+    let (_, id_field) = bulk_fields(kind);
     let mut writes = Vec::with_capacity(items.len());
     for item in items {
-        let id = item
-            .get(id_field)
-            .and_then(Value::as_str)
-            .ok_or_else(|| bad_request(format!("every item needs {id_field}")))?;
+        let id = bulk_item_id(item, kind)?;
         let previous = {
             let id = id.to_string();
             run(&ctx, move |s| Ok(s.get_enrollment(kind, &id).ok())).await?
         };
-        let write = if mode == BulkMode::Delete {
-            // A delete needs only the id; the rest of the item may be anything.
-            parse_enrollment(item, kind, id, previous.as_ref()).unwrap_or_else(|_| {
-                ferrohub_engine::provisioning::EnrollmentWrite {
-                    kind,
-                    id: id.to_string(),
-                    attestation: ferrohub_engine::provisioning::AttestationSpec::SymmetricKey(
-                        Default::default(),
-                    ),
-                    device_id: None,
-                    enabled: true,
-                    initial_tags: None,
-                    initial_desired: None,
-                    iot_edge: false,
-                    reprovision: Default::default(),
-                    passthrough: "{}".into(),
-                }
-            })
-        } else {
-            parse_enrollment(item, kind, id, previous.as_ref())
-                .map_err(|e| bad_request(format!("{id}: {e}")))?
-        };
-        let etag = item.get("etag").and_then(Value::as_str).map(|e| {
-            e.trim()
-                .trim_start_matches("W/")
-                .trim_matches('"')
-                .to_string()
-        });
+        let (write, etag) = bulk_item(mode, kind, item, id, previous.as_ref())?;
         writes.push((mode, write, etag));
     }
     let call = crate::hub::calls::BulkEnrollments {
