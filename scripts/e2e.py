@@ -162,6 +162,9 @@ def group_script(group: Group, out: Path, python: str) -> str:
 def launch(group: Group, out: Path, python: str, namespaces: bool) -> subprocess.Popen:
     script = group_script(group, out, python)
     if namespaces:
+        # Inside, /proc/1 is the group's own init, in the group's network namespace: tests
+        # cannot tell from /proc that they are isolated already, so they are told.
+        script = f"export FERROHUB_OWN_NETNS=1\n{script}"
         cmd = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "--", "bash", "-c", NAMESPACE_INIT,
                "init", "bash", "-c", script]
     else:

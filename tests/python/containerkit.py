@@ -72,7 +72,15 @@ def image_config(image: str) -> dict:
 
 
 def already_isolated() -> bool:
-    """Whether this process runs in a network namespace other than the machine's (init's)."""
+    """Whether this process runs in a network namespace other than the machine's (init's).
+
+    scripts/e2e.py runs each group in network and PID namespaces of its own and says so
+    (FERROHUB_OWN_NETNS=1): there /proc/1 is the group's own init, in the same network
+    namespace, so comparing with it would say "not isolated", and the test would move its main
+    thread alone into a new namespace while the SDKs' threads, started by an earlier module of
+    the group, stayed behind (their connections to the published ports were refused)."""
+    if os.environ.get("FERROHUB_OWN_NETNS") == "1":
+        return True
     return os.stat("/proc/thread-self/ns/net").st_ino != os.stat("/proc/1/ns/net").st_ino
 
 

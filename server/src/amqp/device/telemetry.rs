@@ -179,6 +179,14 @@ pub(crate) fn batch(outer: &Message<Body<Value>>) -> Result<Vec<DeviceMessage>, 
         .iter()
         .enumerate()
         .map(|(i, section)| {
+            // The frame guard walked the outer message, but a data section is opaque bytes to
+            // it: each inner message gets the same structural check before the decoder, which
+            // recurses once per level of nesting, sees it.
+            crate::amqp::value_check::check_sections(&section.0).map_err(|e| {
+                BadMessage::Field(format!(
+                    "message {i} of the batch is not an AMQP message: {e}"
+                ))
+            })?;
             let inner = <Body<Value> as DecodeIntoMessage>::decode_message_from_reader(
                 SliceReader::new(&section.0),
             )
@@ -190,4 +198,40 @@ pub(crate) fn batch(outer: &Message<Body<Value>>) -> Result<Vec<DeviceMessage>, 
             messages::telemetry(&inner)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use fe2o3_amqp::types::messaging::Data;
+    use fe2o3_amqp::types::primitives::Binary;
+
+    use super::*;
+
+    /// An `amqp-value` section holding `levels` lists, each the only element of the one
+    /// outside it: far deeper than the decoder's stack allows.
+    fn nested_value(levels: u32) -> Vec<u8> {
+        let mut bytes = vec![0x00, 0x53, 0x77];
+        for j in (1..=levels).rev() {
+            let inner_len = 1 + 9 * (j - 1); // the lists inside this one, and the null
+            bytes.push(0xD0);
+            bytes.extend_from_slice(&(inner_len + 4).to_be_bytes());
+            bytes.extend_from_slice(&1u32.to_be_bytes());
+        }
+        bytes.push(0x40);
+        bytes
+    }
+
+    #[test]
+    fn a_batch_message_nested_too_deep_is_refused_not_decoded() {
+        let outer: Message<Body<Value>> = Message::builder()
+            .body(Body::Data(
+                vec![Data(Binary::from(nested_value(20_000)))].into(),
+            ))
+            .build();
+        let refused = batch(&outer).err().expect("refused");
+        assert!(
+            refused.to_string().contains("message 0 of the batch"),
+            "{refused}"
+        );
+    }
 }
