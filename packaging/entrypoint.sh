@@ -13,8 +13,8 @@
 # is then left out).
 #   FERROHUB_CONFIG        configuration file, used when it exists
 #                          (the image says /etc/ferrohub/ferrohub.toml: mount one there)
-#   FERROHUB_HOST_NAME     --host-name: the name clients use (a new hub only; the server
-#                          certificate is made for it)
+#   FERROHUB_HOST_NAME     --host-name: the name clients use (the server certificate is made
+#                          for it; on an existing hub it must be the stored one)
 #   FERROHUB_HUB_NAME      --hub-name (a new hub only)
 #   FERROHUB_LOG_FORMAT    --log-format: text or json
 #   FERROHUB_METRICS_ADDR  --metrics-addr: metrics and health over plain HTTP (the image says

@@ -1,8 +1,10 @@
-//! Hub-wide settings: name, host name and the shared access policies (SEC-1).
+//! Hub-wide settings: name, host names and the shared access policies.
 //!
 //! # Invariants
 //! - Settings are written once by [`Store::initialise_hub`] and then only replaced whole.
 //! - There are between 1 and [`MAX_POLICIES`] policies with distinct names.
+//! - The host name and every other host name are distinct (ignoring ASCII case), each a DNS
+//!   name or an IP address; there are at most [`MAX_HOST_NAMES`] in all.
 
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +17,9 @@ use ferrohub_migrations::cf;
 
 /// Most shared access policies a hub may have.
 pub const MAX_POLICIES: usize = 16;
+
+/// Most host names (the main one and the others) a hub answers to.
+pub const MAX_HOST_NAMES: usize = 16;
 
 /// Rights a policy grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -57,7 +62,12 @@ impl SharedAccessPolicy {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HubSettings {
     pub hub_name: String,
+    /// The name in connection strings and redirects.
     pub host_name: String,
+    /// Further names the hub answers to (a DNS alias, an IP address): SAS audiences and MQTT
+    /// user names may use any of them, and the server certificate covers them all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_host_names: Vec<String>,
     pub policies: Vec<SharedAccessPolicy>,
     pub created: UnixMillis,
     /// The provisioning service's ID scope and policies (DPS-5). `None` only in hubs
@@ -88,7 +98,39 @@ impl HubSettings {
         self.policies.iter().find(|p| p.name == name)
     }
 
+    /// The host name first, then the others.
+    pub fn host_names(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.host_name.as_str())
+            .chain(self.other_host_names.iter().map(String::as_str))
+    }
+
+    /// Whether `name` is one of the hub's host names (ASCII case ignored, as DNS does).
+    pub fn answers_to(&self, name: &str) -> bool {
+        self.host_names().any(|h| h.eq_ignore_ascii_case(name))
+    }
+
     fn validate(&self) -> Result<(), ValidationError> {
+        let names: Vec<&str> = self.host_names().collect();
+        if names.len() > MAX_HOST_NAMES {
+            return Err(ValidationError::new(
+                "hostName",
+                format!("a hub has at most {MAX_HOST_NAMES} host names"),
+            ));
+        }
+        for (i, name) in names.iter().enumerate() {
+            if !is_host_name(name) {
+                return Err(ValidationError::new(
+                    "hostName",
+                    format!("{name:?} is neither a DNS name nor an IP address"),
+                ));
+            }
+            if names[..i].iter().any(|n| n.eq_ignore_ascii_case(name)) {
+                return Err(ValidationError::new(
+                    "hostName",
+                    format!("{name:?} is given twice"),
+                ));
+            }
+        }
         if self.policies.is_empty() || self.policies.len() > MAX_POLICIES {
             return Err(ValidationError::new(
                 "policies",
@@ -105,6 +147,25 @@ impl HubSettings {
         }
         Ok(())
     }
+}
+
+/// A DNS name (labels of letters, digits and hyphens, 1-63 characters, not starting or ending
+/// with a hyphen; 253 characters at most) or an IP address.
+pub fn is_host_name(name: &str) -> bool {
+    if name.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
 }
 
 impl Store {
@@ -220,5 +281,53 @@ impl Store {
         batch.delete(cf::META, ca_key(name));
         self.raw.commit(batch)?;
         Ok(existed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_names_are_dns_names_or_ip_addresses() {
+        for good in [
+            "localhost",
+            "hub.example.com",
+            "a-1.b",
+            "10.0.0.5",
+            "::1",
+            "fd00::7",
+        ] {
+            assert!(is_host_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            "hub..example",
+            "-hub.example",
+            "hub-.example",
+            "hub_1.example",
+            "a b",
+            "hub:8883",
+        ] {
+            assert!(!is_host_name(bad), "{bad}");
+        }
+        assert!(!is_host_name(&"a".repeat(64)));
+    }
+
+    #[test]
+    fn other_host_names_must_be_distinct_from_the_host_name() {
+        let mut settings = HubSettings {
+            hub_name: "h".into(),
+            host_name: "Hub.Example".into(),
+            other_host_names: vec!["10.0.0.5".into()],
+            policies: HubSettings::default_policies(),
+            created: UnixMillis(0),
+            provisioning: None,
+        };
+        assert!(settings.validate().is_ok());
+        assert!(settings.answers_to("hub.example") && settings.answers_to("10.0.0.5"));
+        assert!(!settings.answers_to("other.example"));
+        settings.other_host_names.push("hub.example".into());
+        assert!(settings.validate().is_err());
     }
 }

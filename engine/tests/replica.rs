@@ -135,6 +135,7 @@ fn a_single_nodes_hub_seeds_an_empty_log_that_rebuilds_it_elsewhere() {
             .initialise_hub(ferrohub_engine::hub::HubSettings {
                 hub_name: "seeded".into(),
                 host_name: "localhost".into(),
+                other_host_names: Vec::new(),
                 policies: ferrohub_engine::hub::HubSettings::default_policies(),
                 created: common::T0,
                 provisioning: None,

@@ -41,17 +41,20 @@
 
 pub mod amqp;
 pub mod auth;
+pub mod backup;
 pub mod blob;
 pub mod c2d_message;
 pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod console;
+pub mod control;
 pub mod error_codes;
 pub mod fuzz;
 pub mod hub;
 pub mod ids;
 pub mod latency;
+pub mod layout;
 pub mod mqtt;
 pub mod node;
 pub mod offline;

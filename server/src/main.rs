@@ -81,9 +81,10 @@ struct ServeArgs {
     /// TOML configuration file (see docs/config.sample.toml).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Host name for a new hub (default localhost).
-    #[arg(long)]
-    host_name: Option<String>,
+    /// Host name for a new hub (default localhost); more names after commas (a DNS alias, an
+    /// IP address). An existing hub keeps its own: `host-name set` changes them.
+    #[arg(long, value_name = "NAME", value_delimiter = ',')]
+    host_name: Vec<String>,
     /// Name for a new hub (default ferrohub).
     #[arg(long)]
     hub_name: Option<String>,
@@ -149,33 +150,73 @@ enum Command {
         #[arg(long, conflicts_with_all = ["device", "event_hubs", "policy"])]
         id_scope: bool,
     },
-    /// Export the hub (settings, policies, CAs, routing, every identity with its twin) to a
-    /// blob container, with the hub stopped: `file:///dir` or an Azure container SAS URI.
+    /// Export the hub (settings, policies, CAs, routing, every identity with its twin, its TLS
+    /// identity) to a directory or blob container, with the hub stopped: a path, `file:///dir`
+    /// or an Azure container SAS URI.
     Export {
         #[arg(long, value_name = "DIR")]
         data_dir: PathBuf,
-        /// Container URI to write hub.json and devices.txt into.
-        #[arg(long, value_name = "URI")]
+        /// Directory or container URI to write hub.json and devices.txt into.
+        #[arg(long, value_name = "PATH|URI")]
         to: String,
         /// Write null authentication (such an export cannot be restored, only imported).
         #[arg(long)]
         exclude_keys: bool,
+        /// Leave out the hub's CA and server key: a hub restored from it makes a new CA, which
+        /// devices must then be given.
+        #[arg(long)]
+        exclude_tls: bool,
     },
     /// Restore an export into an empty data directory (the hub stopped).
     Restore {
         #[arg(long, value_name = "DIR")]
         data_dir: PathBuf,
-        /// Container URI holding hub.json and devices.txt.
-        #[arg(long, value_name = "URI")]
+        /// Directory or container URI holding hub.json and devices.txt.
+        #[arg(long, value_name = "PATH|URI")]
         from: String,
     },
     /// Copy the whole data directory (queues and partitions included) into a new directory
-    /// that `serve` runs as it is (the hub stopped).
+    /// that `serve` runs as it is. With the hub running, the running hub makes the copy (an
+    /// online backup, consistent to one point in time).
     Backup {
         #[arg(long, value_name = "DIR")]
         data_dir: PathBuf,
         #[arg(long, value_name = "DIR")]
         to: PathBuf,
+        /// Leave out the hub's CA and server key (see `export --exclude-tls`).
+        #[arg(long)]
+        exclude_tls: bool,
+    },
+    /// Show or change the hub's host names (changing them re-issues the server certificate
+    /// from the same CA; the hub stopped).
+    HostName {
+        #[command(subcommand)]
+        action: HostNameAction,
+    },
+    /// What a data directory holds: host names, hub name, CA and its fingerprint, the served
+    /// certificate, version, devices and storage size (works while the hub runs).
+    Info {
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum HostNameAction {
+    /// Make NAME the hub's host name (connection strings carry it), and `--also` names the
+    /// others it answers to; re-issues the server certificate from the hub's CA.
+    Set {
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+        name: String,
+        /// Further names (repeat, or separate by commas): a DNS alias, an IP address.
+        #[arg(long, value_name = "NAME", value_delimiter = ',')]
+        also: Vec<String>,
+    },
+    /// Print the host name, then the others, one per line.
+    Show {
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
     },
 }
 
@@ -214,19 +255,54 @@ fn main() -> ExitCode {
             data_dir,
             to,
             exclude_keys,
-        } => offline::export(&data_dir, &to, exclude_keys).map(|n| {
+            exclude_tls,
+        } => offline::export(&data_dir, &to, exclude_keys, tls_identity(exclude_tls)).map(|n| {
             eprintln!(
                 "exported {n} devices with their modules to {}",
                 ferrohub_server::blob::redact(&to)
             );
+            if exclude_tls {
+                eprintln!(
+                    "WARNING: the export holds no TLS identity: restored from it, {}",
+                    offline::NEW_CA_WARNING
+                );
+            }
         }),
-        Command::Restore { data_dir, from } => offline::restore(&data_dir, &from).map(|n| {
+        Command::Restore { data_dir, from } => offline::restore(&data_dir, &from).map(|r| {
             eprintln!(
-                "restored {n} devices with their modules into {}",
+                "restored {} devices with their modules into {}",
+                r.devices,
                 data_dir.display()
             );
+            if r.tls_identity {
+                eprintln!("restored the hub's TLS identity: devices that trusted its CA still do");
+            } else {
+                eprintln!(
+                    "WARNING: the export holds no TLS identity: {}",
+                    offline::NEW_CA_WARNING
+                );
+            }
         }),
-        Command::Backup { data_dir, to } => offline::backup(&data_dir, &to).map(drop),
+        Command::Backup {
+            data_dir,
+            to,
+            exclude_tls,
+        } => backup(&data_dir, &to, tls_identity(exclude_tls)),
+        Command::HostName { action } => match action {
+            HostNameAction::Set {
+                data_dir,
+                name,
+                also,
+            } => offline::host_name::set(&data_dir, &name, &also).map(|change| {
+                eprintln!("{change}");
+            }),
+            HostNameAction::Show { data_dir } => offline::host_name::show(&data_dir).map(|names| {
+                for n in names {
+                    println!("{n}");
+                }
+            }),
+        },
+        Command::Info { data_dir } => offline::info::info(&data_dir).map(|info| print!("{info}")),
         Command::ConnectionString {
             data_dir,
             policy,
@@ -252,6 +328,38 @@ fn main() -> ExitCode {
     }
 }
 
+fn tls_identity(exclude: bool) -> offline::TlsIdentity {
+    if exclude {
+        offline::TlsIdentity::Exclude
+    } else {
+        offline::TlsIdentity::Include
+    }
+}
+
+/// An offline backup, or, when a hub serves the directory, an online one made by that hub.
+fn backup(
+    data_dir: &std::path::Path,
+    to: &std::path::Path,
+    tls: offline::TlsIdentity,
+) -> anyhow::Result<()> {
+    if ferrohub_server::control::serving(data_dir) {
+        let to = std::path::absolute(to)?;
+        let made = ferrohub_server::control::request_backup(data_dir, &to, tls)?;
+        eprintln!(
+            "backup: made online by the running hub in {}",
+            made.display()
+        );
+        if tls == offline::TlsIdentity::Exclude {
+            eprintln!(
+                "backup: without the TLS identity: {}",
+                offline::NEW_CA_WARNING
+            );
+        }
+        return Ok(());
+    }
+    offline::backup(data_dir, to, tls).map(drop)
+}
+
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let ServeArgs {
         data_dir,
@@ -271,8 +379,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(p) => Config::load(p)?,
         None => Config::default(),
     };
-    if let Some(h) = host_name {
-        config.hub.host_name = h;
+    if let Some((first, others)) = host_name.split_first() {
+        config.hub.host_name = Some(first.clone());
+        config.hub.other_host_names = others.to_vec();
     }
     if let Some(n) = hub_name {
         config.hub.name = n;
@@ -321,6 +430,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
+    // SIGHUP reloads the served certificate (tls::serving); taking it here keeps its default
+    // action (ending the process) away before the listeners run.
+    if let Ok(mut hangup) = signal(SignalKind::hangup()) {
+        tokio::spawn(async move { while hangup.recv().await.is_some() {} });
+    }
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {
             tokio::select! {

@@ -64,6 +64,7 @@ mod offline {
             .initialise_hub(HubSettings {
                 hub_name: "h1".into(),
                 host_name: "h1.example".into(),
+                other_host_names: Vec::new(),
                 policies: HubSettings::default_policies(),
                 created: T0,
                 provisioning: None,

@@ -10,6 +10,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("lib", 9),
     ("node", 8),
     ("offline", 9),
+    ("control", 7),
     ("transport", 7),
     ("console", 7),
     ("fuzz", 7),
@@ -18,6 +19,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("rest", 6),
     ("hub", 5),
     ("error_codes", 4),
+    ("backup", 4),
     ("cluster", 4),
     ("routing", 3),
     ("auth", 3),
@@ -30,6 +32,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("latency", 1),
     ("blob", 1),
     ("ids", 1),
+    ("layout", 1),
 ];
 
 fn layer(module: &str) -> u8 {

@@ -63,3 +63,17 @@ def sha256_thumbprint(cert: Path) -> str:
     out = subprocess.run(["openssl", "x509", "-in", str(cert), "-noout", "-fingerprint", "-sha256"],
                          check=True, capture_output=True, text=True).stdout
     return out.strip().split("=", 1)[1].replace(":", "")
+
+
+def server_signed_by(dir: Path, name: str, names: list[str], ca_cert: Path, ca_key: Path) -> tuple[Path, Path]:
+    """A TLS server certificate for `names` (DNS names or IP addresses) signed by `ca_cert`."""
+    key, csr, cert = dir / f"{name}.key", dir / f"{name}.csr", dir / f"{name}.pem"
+    ext = dir / f"{name}.ext"
+    sans = ",".join(("IP:" if n.replace(".", "").isdigit() or ":" in n else "DNS:") + n for n in names)
+    ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+                   f"extendedKeyUsage=serverAuth\nsubjectAltName={sans}\n")
+    run("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key),
+        "-out", str(csr), "-subj", f"/CN={names[0]}")
+    run("x509", "-req", "-in", str(csr), "-CA", str(ca_cert), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-out", str(cert), "-days", "30", "-extfile", str(ext))
+    return cert, key

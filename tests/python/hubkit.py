@@ -65,6 +65,7 @@ class Hub:
         self.metrics_addr = "127.0.0.1:0"
         self.metrics_port = None
         self.startup_lines: list[str] = []
+        self.trust: str | None = None
         self.stderr_path = self.data_dir.parent / (self.data_dir.name + ".stderr.log")
 
     # -- process control -------------------------------------------------------------------
@@ -167,7 +168,9 @@ class Hub:
 
     @property
     def ca(self) -> str:
-        return str(self.data_dir / "tls" / "ca.pem")
+        """What clients trust: the hub's own CA, or `trust` when the hub serves another PKI's
+        certificate (`[tls]`)."""
+        return self.trust or str(self.data_dir / "tls" / "ca.pem")
 
     # -- HTTP --------------------------------------------------------------------------------
     def url(self, path: str) -> str:

@@ -15,7 +15,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::sas::SasToken;
-use super::AuthError;
+use super::{AuthError, HostNames};
 
 /// Checks a service token against the provisioning policies; returns the policy's rights.
 ///
@@ -25,7 +25,7 @@ use super::AuthError;
 pub fn service_rights(
     token: &SasToken,
     settings: &ProvisioningSettings,
-    host_name: &str,
+    hosts: impl HostNames,
     now_secs: u64,
 ) -> Result<ProvisioningRights, AuthError> {
     let name = token
@@ -42,7 +42,7 @@ pub fn service_rights(
         Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
         _ => resource,
     };
-    if !host.eq_ignore_ascii_case(host_name) {
+    if !hosts.includes(host) {
         return Err(AuthError::WrongHub(token.resource.clone()));
     }
     let policy = settings

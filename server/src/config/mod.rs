@@ -9,8 +9,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod backup;
 mod cluster;
+mod tls;
+pub use backup::BackupSection;
 pub use cluster::ClusterSection;
+pub use tls::TlsSection;
 
 pub mod defaults {
     use std::time::Duration;
@@ -55,15 +59,33 @@ pub enum DurabilitySetting {
 pub struct HubSection {
     /// Name of a new hub.
     pub name: String,
-    /// Host name devices and services use; the server certificate is made for it.
-    pub host_name: String,
+    /// Host name devices and services use (connection strings carry it); the server
+    /// certificate is made for it. Unset: `localhost` for a new hub, the stored one for an
+    /// existing hub. Set on an existing hub, it must be the stored one: `ferrohub host-name
+    /// set` changes it.
+    pub host_name: Option<String>,
+    /// Further names of a new hub (a DNS alias, an IP address), held to the same rule.
+    pub other_host_names: Vec<String>,
+}
+
+impl HubSection {
+    /// The host name of a new hub.
+    pub fn host_name(&self) -> &str {
+        self.host_name.as_deref().unwrap_or(defaults::HOST_NAME)
+    }
+
+    /// Whether host names were given (so an existing hub must have these).
+    pub fn names_given(&self) -> bool {
+        self.host_name.is_some() || !self.other_host_names.is_empty()
+    }
 }
 
 impl Default for HubSection {
     fn default() -> Self {
         HubSection {
             name: defaults::HUB_NAME.into(),
-            host_name: defaults::HOST_NAME.into(),
+            host_name: None,
+            other_host_names: Vec::new(),
         }
     }
 }
@@ -469,6 +491,8 @@ impl Default for ThrottlingSection {
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub hub: HubSection,
+    pub tls: TlsSection,
+    pub backup: BackupSection,
     pub listeners: ListenersSection,
     pub storage: StorageSection,
     pub d2c: D2cSection,
@@ -546,6 +570,7 @@ impl Config {
             });
         }
         self.cluster.validate(self.listeners.https)?;
+        self.tls.validate()?;
         self.timeouts.validate()
     }
 }
@@ -558,7 +583,8 @@ mod tests {
     fn defaults_and_overrides() {
         let c: Config = toml::from_str("[listeners]\nhttps = \"127.0.0.1:8443\"\n").unwrap();
         assert_eq!(c.listeners.https.port(), 8443);
-        assert_eq!(c.hub.host_name, "localhost");
+        assert_eq!(c.hub.host_name(), "localhost");
+        assert!(!c.hub.names_given());
         assert_eq!(c.storage.durability, DurabilitySetting::Synced);
     }
 

@@ -101,7 +101,7 @@ impl Authenticator {
         let Scope::Device {
             device_id,
             module_id,
-        } = auth::parse_scope(&token.resource, &self.settings.host_name)?
+        } = auth::parse_scope(&token.resource, &*self.settings)?
         else {
             return Err(AuthError::UnknownIdentity("(hub)".into()).into());
         };
@@ -211,7 +211,7 @@ impl Authenticator {
         record: &Record,
     ) -> Result<AuthMethod, AuthFailure> {
         let token = SasToken::parse(token).map_err(AuthError::from)?;
-        let scope = auth::parse_scope(&token.resource, &self.settings.host_name)?;
+        let scope = auth::parse_scope(&token.resource, &*self.settings)?;
         let expected = Scope::Device {
             device_id: who.device_id.to_string(),
             module_id: who.module_id.as_ref().map(|m| m.to_string()),

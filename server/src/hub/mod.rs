@@ -27,6 +27,7 @@
 pub mod append_lane;
 pub mod appends_from_followers;
 pub mod authenticator;
+pub mod backups;
 pub mod c2d;
 pub mod c2d_sweeper;
 pub mod calls;

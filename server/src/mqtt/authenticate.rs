@@ -11,6 +11,7 @@ use mqtt::control::ConnectReturnCode;
 use rustls::pki_types::CertificateDer;
 
 use super::topics::Identity;
+use crate::auth::HostNames;
 use crate::hub::{AuthFailure, DeviceAuth, HubContext};
 
 /// Why a CONNECT was refused, with the CONNACK code it gets.
@@ -55,7 +56,11 @@ pub fn parse_client_id(client_id: &str) -> Result<Identity, Refusal> {
 }
 
 /// Checks `{host}/{deviceId}[/{moduleId}]/?...` against the hub and the client id.
-pub fn check_username(username: Option<&str>, host: &str, who: &Identity) -> Result<(), Refusal> {
+pub fn check_username(
+    username: Option<&str>,
+    hosts: impl HostNames,
+    who: &Identity,
+) -> Result<(), Refusal> {
     let username = username.ok_or_else(|| Refusal::BadCredentials("no username".into()))?;
     let path = username
         .split('?')
@@ -72,10 +77,11 @@ pub fn check_username(username: Option<&str>, host: &str, who: &Identity) -> Res
             )))
         }
     };
-    if !h.eq_ignore_ascii_case(host) || d != who.device_id.as_str() || m != who.module() {
+    if !hosts.includes(h) || d != who.device_id.as_str() || m != who.module() {
         return Err(Refusal::BadCredentials(format!(
-            "username {username:?} does not match client id {:?} on {host}",
-            who.client_id()
+            "username {username:?} does not match client id {:?} on {}",
+            who.client_id(),
+            hosts.shown()
         )));
     }
     Ok(())
@@ -121,7 +127,7 @@ pub async fn authenticate(
     client_cert: Option<&CertificateDer<'static>>,
 ) -> Result<Authenticated, Refusal> {
     let who = parse_client_id(client_id)?;
-    check_username(username, &ctx.settings.host_name, &who)?;
+    check_username(username, &*ctx.settings, &who)?;
     ctx.auth
         .device(&who, password, client_cert)
         .await

@@ -319,7 +319,7 @@ pub(super) async fn serve_cluster(
         &link,
         &TlsPaths::new(data_dir),
         &config.hub.name,
-        &config.hub.host_name,
+        config.hub.host_name(),
     )
     .await
     .map_err(fatal)?;

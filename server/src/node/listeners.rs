@@ -29,7 +29,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::hub::{self, cluster::Cluster};
 use crate::rest;
-use crate::tls::{self, TlsPaths};
+use crate::tls::{self, CertificateFiles, ServerCertificate, TlsPaths};
 use crate::transport::lean_tls::LeanTlsAcceptor;
 use crate::transport::{amqp_tls, https, mqtt_tls};
 
@@ -90,22 +90,67 @@ struct Bound {
     mqtt: TcpListener,
     amqp: TcpListener,
     quic: quinn::Endpoint,
+    /// What every listener presents.
+    certificate: Arc<ServerCertificate>,
 }
 
 impl Bound {
     async fn bind(config: &Config, paths: &TlsPaths) -> Result<Bound, NodeError> {
+        let certificate = served_certificate(config, paths)?;
         let https = bind(config.listeners.https).await?;
         let mqtt = bind(config.listeners.mqtt).await?;
         let amqp = bind(config.listeners.amqp).await?;
-        let quic = crate::transport::mqtt_quic::endpoint(config.listeners.mqtt_quic, paths)
+        let quic = crate::transport::mqtt_quic::endpoint(config.listeners.mqtt_quic, &certificate)
             .map_err(|e| NodeError::Other(e.to_string()))?;
         Ok(Bound {
             https,
             mqtt,
             amqp,
             quic,
+            certificate,
         })
     }
+}
+
+/// Logs what certificate is served and warns of host names it does not cover (clients that
+/// connect by such a name fail to verify it).
+fn announce_certificate(certificate: &ServerCertificate, hub: &HubSettings) {
+    let Some(d) = certificate.description() else {
+        return;
+    };
+    let file = certificate.files().chain.display().to_string();
+    tracing::info!(
+        host_names = ?hub.host_names().collect::<Vec<_>>(),
+        %file,
+        subject = %d.subject,
+        issuer = %d.issuer,
+        names = ?d.names,
+        expires = %d.not_after,
+        "serving certificate"
+    );
+    for name in hub.host_names().filter(|n| !d.covers(n)) {
+        tracing::warn!(
+            host_name = name,
+            %file,
+            "the served certificate does not cover this host name: clients connecting by it will fail TLS verification"
+        );
+    }
+}
+
+/// The configured certificate (`[tls]`), else the one the hub issued itself.
+fn served_certificate(
+    config: &Config,
+    paths: &TlsPaths,
+) -> Result<Arc<ServerCertificate>, NodeError> {
+    let files = match config.tls.own() {
+        Some((chain, key)) => CertificateFiles {
+            chain,
+            key,
+            own: true,
+        },
+        None => paths.generated(),
+    };
+    Ok(ServerCertificate::load(files)?)
 }
 
 fn print_banner(data_dir: &Path, hub: &HubSettings) {
@@ -269,7 +314,7 @@ async fn serve_services(
         tokio::spawn(https::serve(
             bound.https,
             config.timeouts,
-            TlsAcceptor::from(tls::server_config(&paths)?),
+            TlsAcceptor::from(tls::server_config(&bound.certificate)?),
             // WebSocket upgrades first, then the console under /console/: the REST table
             // answers every other path.
             crate::transport::ws::routes(ctx.clone())
@@ -284,14 +329,14 @@ async fn serve_services(
         tokio::spawn(mqtt_tls::serve(
             bound.mqtt,
             config.listeners.mqtt_max_connections,
-            LeanTlsAcceptor::new(tls::mqtt_server_config(&paths)?),
+            LeanTlsAcceptor::new(tls::mqtt_server_config(&bound.certificate)?),
             ctx.clone(),
             shutdown.clone(),
             tracker.clone(),
         )),
         tokio::spawn(amqp_tls::serve(
             bound.amqp,
-            TlsAcceptor::from(tls::server_config(&paths)?),
+            TlsAcceptor::from(tls::server_config(&bound.certificate)?),
             ctx.clone(),
             shutdown.clone(),
             tracker.clone(),
@@ -303,6 +348,29 @@ async fn serve_services(
             tracker.clone(),
         )),
     ];
+    announce_certificate(&bound.certificate, &ctx.settings);
+    // Online backups on a single node: its control socket, and `POST /backups`.
+    let control = match &ops {
+        Ops::Own => {
+            let backups = crate::backup::OnlineBackups {
+                data_dir: data_dir.to_path_buf(),
+                directory: config.backup.directory_for(data_dir),
+            };
+            let _ = ctx.backups.set(backups.clone());
+            Some(
+                crate::control::serve(ctx.clone(), backups, shutdown.clone()).map_err(|e| {
+                    NodeError::Other(format!(
+                        "control socket {}: {e}",
+                        crate::layout::control_socket(data_dir).display()
+                    ))
+                })?,
+            )
+        }
+        Ops::Cluster(_) => None,
+    };
+    let reloads = tokio::spawn(
+        Arc::clone(&bound.certificate).watch(config.tls.check_interval, shutdown.clone()),
+    );
     // Tests and scripts read these lines to learn the bound addresses; https comes last.
     println!("listening mqtt={mqtt_addr}");
     println!("listening amqp={amqp_addr}");
@@ -324,6 +392,10 @@ async fn serve_services(
         let _ = t.await;
     }
     services.join().await;
+    let _ = reloads.await;
+    if let Some(control) = control {
+        let _ = control.await;
+    }
     if let Some(recovery) = recovery {
         let _ = recovery.await;
     }

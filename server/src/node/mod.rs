@@ -4,7 +4,7 @@
 //! Layout of a data directory: `db/` (the RocksDB database), `tls/` (see [`crate::tls`]).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use ferrohub_engine::c2d::TimerKind;
@@ -35,6 +35,13 @@ pub enum NodeError {
     Routing(#[from] crate::routing::RouteError),
     #[error("cannot listen on {addr}: {reason}")]
     Bind { addr: SocketAddr, reason: String },
+    #[error(
+        "this hub's host name is {stored:?}, chosen when its data directory was initialised, \
+         not {given:?}. To change it, stop the hub and run `ferrohub host-name set --data-dir DIR \
+         {given}` (devices keep their keys and the CA; their connection strings need the new \
+         name), then start it again"
+    )]
+    HostName { stored: String, given: String },
     #[error("{0}")]
     Other(String),
 }
@@ -46,9 +53,7 @@ mod listeners;
 use cluster::serve_cluster;
 use listeners::serve_store;
 
-pub fn db_path(data_dir: &Path) -> PathBuf {
-    data_dir.join("db")
-}
+pub use crate::layout::db_path;
 
 /// `HostName=...;SharedAccessKeyName=...;SharedAccessKey=...` for one policy.
 pub fn policy_connection_string(hub: &HubSettings, policy: &str) -> Option<String> {
@@ -92,10 +97,7 @@ pub fn initialise_settings(
     let first_start = existing.is_none();
     let hub = match existing {
         Some(h) => {
-            if h.host_name != config.hub.host_name {
-                tracing::warn!(stored = %h.host_name, configured = %config.hub.host_name,
-                    "host name is fixed at initialisation; using the stored one");
-            }
+            check_host_names(&h, &config.hub)?;
             if h.provisioning.is_none() {
                 // A hub initialised before provisioning existed gets its ID scope now, once.
                 let with_scope = HubSettings {
@@ -110,7 +112,8 @@ pub fn initialise_settings(
         }
         None => store.initialise_hub(HubSettings {
             hub_name: config.hub.name.clone(),
-            host_name: config.hub.host_name.clone(),
+            host_name: config.hub.host_name().to_string(),
+            other_host_names: config.hub.other_host_names.clone(),
             policies: HubSettings::default_policies(),
             created: clock.now(),
             provisioning: Some(ProvisioningSettings::generate()),
@@ -119,9 +122,65 @@ pub fn initialise_settings(
     Ok((hub, first_start))
 }
 
-/// Opens the store and makes sure the hub and its TLS material exist. Returns the store, the
-/// settings, and whether this call initialised the hub. Blocking: call it before serving or
-/// on the blocking pool.
+/// Refuses host names given for a hub that has others: a hub's names change only by
+/// `ferrohub host-name set`, which re-issues its certificate.
+fn check_host_names(
+    stored: &HubSettings,
+    given: &crate::config::HubSection,
+) -> Result<(), NodeError> {
+    let mismatch = |given: String| NodeError::HostName {
+        stored: stored.host_names().collect::<Vec<_>>().join(","),
+        given,
+    };
+    if let Some(name) = &given.host_name {
+        if !name.eq_ignore_ascii_case(&stored.host_name) {
+            return Err(mismatch(name.clone()));
+        }
+    }
+    let same_others = given.other_host_names.len() == stored.other_host_names.len()
+        && given.other_host_names.iter().all(|n| {
+            stored
+                .other_host_names
+                .iter()
+                .any(|s| s.eq_ignore_ascii_case(n))
+        });
+    if !given.other_host_names.is_empty() && !same_others {
+        return Err(mismatch(
+            std::iter::once(given.host_name())
+                .chain(given.other_host_names.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(","),
+        ));
+    }
+    Ok(())
+}
+
+/// Re-issues the generated server certificate from the hub's CA when it does not cover every
+/// host name (a hub restored under other names, or a certificate made before names were
+/// added). Without the CA key it only warns: the certificate came from elsewhere.
+fn cover_host_names(paths: &TlsPaths, hub: &HubSettings) -> Result<(), NodeError> {
+    let served = tls::serving::describe_file(&paths.generated().chain);
+    let missing: Vec<&str> = hub
+        .host_names()
+        .filter(|n| !served.as_ref().is_some_and(|d| d.covers(n)))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = hub.host_names().collect();
+    match tls::reissue_server(paths, &names) {
+        Ok(()) => tracing::info!(
+            host_names = ?names,
+            "server certificate re-issued from the hub's CA for its host names (the CA is unchanged: devices that trust it keep doing so)"
+        ),
+        Err(e) => tracing::warn!(
+            missing = ?missing, error = %e,
+            "the generated server certificate does not cover these host names and cannot be re-issued"
+        ),
+    }
+    Ok(())
+}
+
 /// The engine settings the configuration asks for.
 fn store_config(config: &Config) -> StoreConfig {
     StoreConfig {
@@ -134,6 +193,9 @@ fn store_config(config: &Config) -> StoreConfig {
     }
 }
 
+/// Opens the store and makes sure the hub and its TLS material exist (the certificate covering
+/// the hub's host names). Returns the store, the settings, and whether this call initialised
+/// the hub. Blocking: call it before serving or on the blocking pool.
 pub fn initialise(
     data_dir: &Path,
     config: &Config,
@@ -141,7 +203,18 @@ pub fn initialise(
 ) -> Result<(Arc<Store>, HubSettings, bool), NodeError> {
     let store = Store::open(&db_path(data_dir), store_config(config))?;
     let (hub, first_start) = initialise_settings(&store, config, clock)?;
-    tls::ensure_material(&TlsPaths::new(data_dir), &hub.hub_name, &hub.host_name)?;
+    let paths = TlsPaths::new(data_dir);
+    let others: Vec<String> = hub.other_host_names.clone();
+    let made = tls::ensure_material_for(&paths, &hub.hub_name, &hub.host_name, &others)?;
+    if made && !first_start {
+        // A hub restored without its TLS identity (or whose tls/ was lost).
+        tracing::warn!(
+            ca = %paths.ca().display(),
+            "this hub had no TLS material: {}",
+            crate::backup::NEW_CA_WARNING
+        );
+    }
+    cover_host_names(&paths, &hub)?;
     Ok((Arc::new(store), hub, first_start))
 }
 
@@ -270,6 +343,7 @@ impl Services {
             cluster,
             live,
             import_export: Arc::default(),
+            backups: Arc::default(),
         });
         ctx.import_export.set(Arc::new(|ctx: &HubContext, job| {
             rest::jobs::start_runner(ctx, job)

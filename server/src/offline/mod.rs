@@ -8,15 +8,20 @@
 //! - `devices.txt`: every device and module, one line each (see `rest::jobs::line`), with keys
 //!   or thumbprints, twin tags, desired and reported properties, versions, etags and metadata.
 //!
+//! - the hub's TLS identity in `hub.json` (its CA with the CA's key, and the server certificate
+//!   with its key), unless the export was told to leave it out: a hub restored with it keeps
+//!   the trust of every device that trusted the original.
+//!
 //! It does not hold queued C2D messages, feedback, D2C events, checkpoints or MQTT sessions:
-//! [`backup`] (a RocksDB checkpoint) does. Neither holds `tls/`: the server certificate is
-//! the host's, copied with the data directory or configured.
+//! [`backup`] (a RocksDB checkpoint, with `tls/`) does.
 //!
 //! # Invariants
 //! - [`restore`] writes only into a data directory that holds no hub and no devices, and
 //!   writes the hub's settings last. A restore that failed part-way is refused if repeated
 //!   over the same directory (it holds devices): clear the directory and restore again.
 
+pub mod host_name;
+pub mod info;
 mod progress;
 
 use std::path::{Path, PathBuf};
@@ -32,6 +37,7 @@ use crate::blob::BlobContainer;
 use crate::node::db_path;
 use crate::rest::jobs::line::{export_line, restore_records};
 use crate::rest::jobs::DEVICES_BLOB;
+use crate::tls::TlsPaths;
 use progress::Progress;
 
 /// The hub-wide part of an export.
@@ -57,6 +63,34 @@ struct HubExport {
     /// provisioning existed.
     #[serde(default)]
     provisioning: ProvisioningExport,
+    /// The files of `tls/` (name, PEM text); absent when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tls_identity: Option<Vec<(String, String)>>,
+}
+
+pub use crate::backup::{TlsIdentity, NEW_CA_WARNING};
+
+/// A container named on the command line: a URI (`file:///dir`, an Azure container SAS URI),
+/// or a plain directory path (created when missing), as `backup --to` takes.
+///
+/// # Errors
+/// A URI that is not a container, a path that cannot be made absolute.
+pub fn cli_container(location: &str) -> anyhow::Result<BlobContainer> {
+    let has_scheme = location.split_once("://").is_some_and(|(scheme, _)| {
+        !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    });
+    if has_scheme {
+        return Ok(BlobContainer::parse(location)?);
+    }
+    let path = Path::new(location);
+    std::fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))?;
+    let absolute = std::fs::canonicalize(path)?;
+    let uri = url::Url::from_directory_path(&absolute)
+        .map_err(|()| anyhow!("{} is not a directory path", absolute.display()))?;
+    Ok(BlobContainer::parse(uri.as_str())?)
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -73,13 +107,13 @@ struct EndpointExport {
 }
 
 /// Opens the data directory to write (a restore); a cluster node's replica is refused.
-fn open_exclusive(data_dir: &Path, partitions: u16) -> anyhow::Result<Store> {
+pub(crate) fn open_exclusive(data_dir: &Path, partitions: u16) -> anyhow::Result<Store> {
     open_with(data_dir, partitions, Store::open)
 }
 
 /// Opens the data directory to copy it out (a backup, an export), a cluster node's replica
 /// too: nothing is written.
-fn open_to_copy(data_dir: &Path) -> anyhow::Result<Store> {
+pub(crate) fn open_to_copy(data_dir: &Path) -> anyhow::Result<Store> {
     open_with(
         data_dir,
         ferrohub_engine::DEFAULT_D2C_PARTITIONS,
@@ -118,7 +152,12 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 ///
 /// # Errors
 /// A data directory in use or without a hub, blob errors, storage errors.
-pub fn export(data_dir: &Path, to: &str, exclude_keys: bool) -> anyhow::Result<u64> {
+pub fn export(
+    data_dir: &Path,
+    to: &str,
+    exclude_keys: bool,
+    tls: TlsIdentity,
+) -> anyhow::Result<u64> {
     if !db_path(data_dir).exists() {
         bail!("{} holds no hub (no db/ directory)", data_dir.display());
     }
@@ -151,8 +190,22 @@ pub fn export(data_dir: &Path, to: &str, exclude_keys: bool) -> anyhow::Result<u
                 registrations,
             }
         },
+        tls_identity: match tls {
+            TlsIdentity::Include => {
+                let files = crate::tls::read_material(&TlsPaths::new(data_dir));
+                if files.is_none() {
+                    eprintln!(
+                        "WARNING: {} holds no TLS material (the hub never started): the export \
+                         has no TLS identity, and {NEW_CA_WARNING}",
+                        data_dir.display()
+                    );
+                }
+                files
+            }
+            TlsIdentity::Exclude => None,
+        },
     };
-    let container = BlobContainer::parse(to)?;
+    let container = cli_container(to)?;
     let rt = runtime()?;
     let mut progress = Progress::new("export", device_count);
     let written = rt.block_on(async {
@@ -190,8 +243,8 @@ pub fn export(data_dir: &Path, to: &str, exclude_keys: bool) -> anyhow::Result<u
 /// # Errors
 /// A directory that holds a hub or is in use, an export that is not one, bad lines, blob
 /// or storage errors.
-pub fn restore(data_dir: &Path, from: &str) -> anyhow::Result<u64> {
-    let container = BlobContainer::parse(from)?;
+pub fn restore(data_dir: &Path, from: &str) -> anyhow::Result<Restored> {
+    let container = cli_container(from)?;
     let rt = runtime()?;
     let hub: HubExport = {
         let bytes = rt
@@ -249,11 +302,30 @@ pub fn restore(data_dir: &Path, from: &str) -> anyhow::Result<u64> {
         &hub.provisioning.registrations,
     )?;
     let mut progress = Progress::new("restore", hub.device_count);
-    let restored = rt.block_on(restore_devices(&store, &container, &mut progress))?;
+    let devices = rt.block_on(restore_devices(&store, &container, &mut progress))?;
     progress.finish();
+    // The TLS identity before the settings: a hub is complete once its settings are written.
+    let paths = TlsPaths::new(data_dir);
+    let tls_identity = match &hub.tls_identity {
+        Some(files) => {
+            crate::tls::write_material(&paths, files)?;
+            true
+        }
+        None => false,
+    };
     store.initialise_hub(hub.settings)?;
     store.close()?;
-    Ok(restored)
+    Ok(Restored {
+        devices,
+        tls_identity,
+    })
+}
+
+/// What [`restore`] brought back.
+pub struct Restored {
+    pub devices: u64,
+    /// Whether the export carried the hub's TLS identity (else a new CA is made at start).
+    pub tls_identity: bool,
 }
 
 async fn restore_devices(
@@ -323,34 +395,23 @@ fn flush(
 }
 
 /// A complete copy of the data directory in `to` (which must not exist): a RocksDB
-/// checkpoint of the database (queues, partitions, checkpoints and sessions included) and the
-/// TLS material. `ferrohub serve --data-dir {to}` runs it as it is.
+/// checkpoint of the database (queues, partitions, checkpoints and sessions included) and,
+/// unless excluded, the TLS material. `ferrohub serve --data-dir {to}` runs it as it is.
 ///
 /// # Errors
 /// A directory in use, an existing `to`, storage or file errors.
-pub fn backup(data_dir: &Path, to: &Path) -> anyhow::Result<PathBuf> {
-    if to.exists() {
-        bail!(
-            "{} exists; a backup goes into a new directory",
-            to.display()
-        );
-    }
+pub fn backup(data_dir: &Path, to: &Path, tls: TlsIdentity) -> anyhow::Result<PathBuf> {
     if !db_path(data_dir).exists() {
         bail!("{} holds no hub (no db/ directory)", data_dir.display());
     }
+    crate::backup::check_target(to)?;
     let store = open_to_copy(data_dir)?;
-    std::fs::create_dir_all(to)?;
     eprintln!("backup: checkpointing the database");
-    store.checkpoint(&db_path(to))?;
+    let copied = crate::backup::copy_into(&store, data_dir, to, tls);
     store.close()?;
-    let tls = data_dir.join("tls");
-    if tls.is_dir() {
-        let target = to.join("tls");
-        std::fs::create_dir_all(&target)?;
-        for entry in std::fs::read_dir(&tls)? {
-            let entry = entry?;
-            std::fs::copy(entry.path(), target.join(entry.file_name()))?;
-        }
+    copied?;
+    if tls == TlsIdentity::Exclude {
+        eprintln!("backup: without the TLS identity: {NEW_CA_WARNING}");
     }
     eprintln!("backup: complete in {}", to.display());
     Ok(to.to_path_buf())

@@ -6,6 +6,7 @@
 //! - Every route authenticates before it touches the store, and checks its permission.
 //! - Path ids are percent-decoded exactly once, here.
 
+mod backups;
 mod c2d;
 mod certificates;
 mod configurations;
@@ -263,6 +264,7 @@ fn table(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
         query::routes(ctx.clone()),
         identities::routes(ctx.clone()),
         statistics::routes(ctx.clone()),
+        backups::routes(ctx.clone()),
         telemetry::routes(ctx.clone()),
         events::routes(ctx.clone()),
         certificates::routes(ctx.clone()),

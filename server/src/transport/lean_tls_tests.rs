@@ -10,7 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsConnector;
 
 use super::lean_tls::{LeanTlsAcceptor, LeanTlsStream};
-use crate::tls::{ensure_material, mqtt_server_config, TlsPaths};
+use crate::tls::{ensure_material, mqtt_server_config, ServerCertificate, TlsPaths};
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -28,7 +28,9 @@ fn setup() -> Setup {
         roots.add(cert.unwrap()).unwrap();
     }
     Setup {
-        acceptor: LeanTlsAcceptor::new(mqtt_server_config(&paths).unwrap()),
+        acceptor: LeanTlsAcceptor::new(
+            mqtt_server_config(&ServerCertificate::load(paths.generated()).unwrap()).unwrap(),
+        ),
         roots: Arc::new(roots),
         _dir: dir,
     }

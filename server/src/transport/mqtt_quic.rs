@@ -34,7 +34,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::hub::HubContext;
 use crate::mqtt::connection::{self, PeerInfo};
-use crate::tls::{self, TlsPaths};
+use crate::tls::{self, ServerCertificate};
 use crate::transport::quic_tail_probe::TailProbed;
 
 /// QUIC connections hold no file descriptor, but each holds memory and a session.
@@ -65,8 +65,8 @@ pub enum QuicError {
     Bind { addr: SocketAddr, reason: String },
 }
 
-fn server_config(paths: &TlsPaths) -> Result<ServerConfig, QuicError> {
-    let crypto = QuicServerConfig::try_from(tls::mqtt_quic_server_config(paths)?)
+fn server_config(certificate: &Arc<ServerCertificate>) -> Result<ServerConfig, QuicError> {
+    let crypto = QuicServerConfig::try_from(tls::mqtt_quic_server_config(certificate)?)
         .map_err(|e| QuicError::Crypto(e.to_string()))?;
     let mut config = ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = TransportConfig::default();
@@ -91,7 +91,10 @@ fn server_config(paths: &TlsPaths) -> Result<ServerConfig, QuicError> {
 ///
 /// # Errors
 /// [`QuicError`] for the certificate or the socket.
-pub fn endpoint(addr: SocketAddr, paths: &TlsPaths) -> Result<Endpoint, QuicError> {
+pub fn endpoint(
+    addr: SocketAddr,
+    certificate: &Arc<ServerCertificate>,
+) -> Result<Endpoint, QuicError> {
     let bind_error = |e: std::io::Error| QuicError::Bind {
         addr,
         reason: e.to_string(),
@@ -111,7 +114,7 @@ pub fn endpoint(addr: SocketAddr, paths: &TlsPaths) -> Result<Endpoint, QuicErro
         .ok_or_else(|| bind_error(std::io::Error::other("no async runtime")))?;
     Endpoint::new(
         EndpointConfig::default(),
-        Some(server_config(paths)?),
+        Some(server_config(certificate)?),
         socket.into(),
         runtime,
     )

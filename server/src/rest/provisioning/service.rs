@@ -79,7 +79,7 @@ fn caller(
                 let rights = service_rights(
                     &token,
                     ctx.provisioning.settings(),
-                    ctx.provisioning.host_name(),
+                    &*ctx.settings,
                     ctx.clock.now_secs(),
                 )
                 .map_err(|e| unauthorized(e.to_string()))?;
