@@ -29,7 +29,7 @@ export function parseConnectionString(text) {
   }
   if (parts.deviceid !== undefined || parts.moduleid !== undefined) {
     throw new ConnectionStringError(
-      "This is a device connection string (it names a DeviceId). Sign in with a shared access policy connection string instead: HostName=...;SharedAccessKeyName=...;SharedAccessKey=... (for example the output of `ferrohub connection-string`).");
+      "This is a device connection string (it names a DeviceId). Sign in with a shared access policy connection string instead: HostName=...;SharedAccessKeyName=...;SharedAccessKey=... (for example the output of `ferrohub connection-string --data-dir DIR`).");
   }
   const missing = [["hostname", "HostName"], ["sharedaccesskeyname", "SharedAccessKeyName"], ["sharedaccesskey", "SharedAccessKey"]]
     .filter(([k]) => !parts[k]).map(([, name]) => name);

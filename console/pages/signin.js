@@ -61,8 +61,9 @@ export default async function render(root, app) {
         h("p", { class: "muted" }, "Paste a shared access policy connection string. The console can do exactly what that policy may."),
         form,
         h("div", { class: "signin-notes" },
-          h("p", {}, "Print one on the hub's machine with ", h("code", {}, "ferrohub connection-string"),
-            " (or ", h("code", {}, "--policy registryRead"), " for a read-only view)."),
+          h("p", {}, "Print one on the hub's machine with ", h("code", {}, "ferrohub connection-string --data-dir DIR"),
+            ", DIR being the hub's data directory (", h("code", {}, "./data"), " for ", h("code", {}, "scripts/run-hub.sh"),
+            "); add ", h("code", {}, "--policy registryRead"), " for a read-only view."),
           h("p", {}, "Device connection strings are refused: they carry a DeviceId and no policy.")))));
   if (app.flash) {
     showError("Your session was refused; sign in again", errorText(app.flash));

@@ -7,7 +7,6 @@ reads the original twin. Uses the SDKs' fixed ports (one hub at a time)."""
 
 import base64
 import os
-import shutil
 import subprocess
 
 from azure.iot.device import IoTHubDeviceClient, X509
@@ -120,8 +119,9 @@ def test_export_restore_is_the_same_hub(tmp_path):
     assert "export:" in err and f"{N}/{N}" in err, "progress lines"
     code, err = run_cli("restore", "--data-dir", str(tmp_path / "restored"), "--from", file_uri(tmp_path / "export"))
     assert code == 0, err
-    # The server certificate is the host's, not part of an export: carry it over.
-    shutil.copytree(original.data_dir / "tls", tmp_path / "restored" / "tls")
+    # The export carries the hub's TLS identity: the restored hub has the same CA.
+    assert "restored the hub's TLS identity" in err
+    assert (tmp_path / "restored" / "tls" / "ca.pem").read_bytes() == (original.data_dir / "tls" / "ca.pem").read_bytes()
 
     restored = fixed_ports(Hub(tmp_path / "restored")).start()
     try:
@@ -162,10 +162,13 @@ def test_backup_keeps_what_an_export_cannot(tmp_path):
         events_before = [e["body"] for e in hub.events_of("keeper")]
         assert len(events_before) == 3
         key_before = hub.device_key("keeper")
-        code, err = run_cli("backup", "--data-dir", str(hub.data_dir), "--to", str(tmp_path / "copy"))
-        assert code != 0 and "in use" in err
+        # While the hub runs, the backup is made by the hub (online); the same again, stopped.
+        code, err = run_cli("backup", "--data-dir", str(hub.data_dir), "--to", str(tmp_path / "online"))
+        assert code == 0 and "online" in err, err
     finally:
         hub.stop()
+    code, err = run_cli("backup", "--data-dir", str(hub.data_dir), "--to", str(tmp_path / "online"))
+    assert code != 0 and "exists" in err, "a backup never overwrites"
     code, err = run_cli("backup", "--data-dir", str(hub.data_dir), "--to", str(tmp_path / "copy"))
     assert code == 0, err
     code, err = run_cli("export", "--data-dir", str(hub.data_dir), "--to", file_uri(tmp_path / "export"))

@@ -48,7 +48,7 @@ pub fn routes() -> BoxedFilter<(warp::reply::Response,)> {
     bare.or(file).unify().boxed()
 }
 
-fn redirect_to_folder() -> warp::reply::Response {
+pub(super) fn redirect_to_folder() -> warp::reply::Response {
     let mut response = Response::new(warp::hyper::Body::empty());
     *response.status_mut() = StatusCode::MOVED_PERMANENTLY;
     response

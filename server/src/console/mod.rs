@@ -4,8 +4,9 @@
 //! routing condition tester).
 //!
 //! # Invariants
-//! - Nothing here is reachable outside `/console/`: every other path falls through to the REST
-//!   API untouched, so the SDKs see exactly the API they saw before.
+//! - Nothing here is reachable outside `/console/` but `GET /`, which redirects there (the
+//!   address an operator types first); every other path falls through to the REST API
+//!   untouched, so the SDKs see exactly the API they saw before.
 //! - The console has no powers of its own: the browser signs SAS tokens with the policy key the
 //!   user pasted, and every API call (the console's own included) is authorised as that policy.
 //! - Assets are built into the binary (`FERROHUB_CONSOLE_DIR` may point at the source folder
@@ -32,6 +33,9 @@ pub struct NodeInfo {
 /// `/console/...`: the assets and the console's API. A request outside `/console` is rejected
 /// before anything else runs, so it reaches the routes after this one.
 pub fn routes(ctx: HubContext, node: NodeInfo) -> BoxedFilter<(warp::reply::Response,)> {
+    let root = warp::path::end()
+        .and(warp::get())
+        .map(assets::redirect_to_folder);
     warp::path("console")
         .and(
             api::routes(ctx, node)
@@ -40,5 +44,7 @@ pub fn routes(ctx: HubContext, node: NodeInfo) -> BoxedFilter<(warp::reply::Resp
                 .recover(crate::rest::error::recover)
                 .unify(),
         )
+        .or(root)
+        .unify()
         .boxed()
 }

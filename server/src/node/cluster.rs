@@ -457,6 +457,7 @@ async fn roles(
             opened,
             stop.clone(),
             Some((cluster, Arc::clone(ops))),
+            None,
         )
         .await;
         standing.set_role(Role::Starting);

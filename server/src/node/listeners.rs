@@ -84,7 +84,28 @@ fn local(l: &TcpListener) -> Result<SocketAddr, NodeError> {
     l.local_addr().map_err(|e| NodeError::Other(e.to_string()))
 }
 
-/// The client listeners, bound.
+/// The client listeners' sockets, bound before anything else happens: a port in use is
+/// found before a new data directory is initialised and its keys are printed.
+pub(super) struct Sockets {
+    https: TcpListener,
+    mqtt: TcpListener,
+    amqp: TcpListener,
+    quic: std::net::UdpSocket,
+}
+
+impl Sockets {
+    pub(super) async fn bind(config: &Config) -> Result<Sockets, NodeError> {
+        Ok(Sockets {
+            https: bind(config.listeners.https).await?,
+            mqtt: bind(config.listeners.mqtt).await?,
+            amqp: bind(config.listeners.amqp).await?,
+            quic: crate::transport::mqtt_quic::bind_socket(config.listeners.mqtt_quic)
+                .map_err(|e| NodeError::Other(e.to_string()))?,
+        })
+    }
+}
+
+/// The client listeners, bound, with the certificate they present.
 struct Bound {
     https: TcpListener,
     mqtt: TcpListener,
@@ -95,17 +116,22 @@ struct Bound {
 }
 
 impl Bound {
-    async fn bind(config: &Config, paths: &TlsPaths) -> Result<Bound, NodeError> {
+    async fn bind(
+        config: &Config,
+        paths: &TlsPaths,
+        sockets: Option<Sockets>,
+    ) -> Result<Bound, NodeError> {
+        let sockets = match sockets {
+            Some(s) => s,
+            None => Sockets::bind(config).await?,
+        };
         let certificate = served_certificate(config, paths)?;
-        let https = bind(config.listeners.https).await?;
-        let mqtt = bind(config.listeners.mqtt).await?;
-        let amqp = bind(config.listeners.amqp).await?;
-        let quic = crate::transport::mqtt_quic::endpoint(config.listeners.mqtt_quic, &certificate)
+        let quic = crate::transport::mqtt_quic::endpoint_on(sockets.quic, &certificate)
             .map_err(|e| NodeError::Other(e.to_string()))?;
         Ok(Bound {
-            https,
-            mqtt,
-            amqp,
+            https: sockets.https,
+            mqtt: sockets.mqtt,
+            amqp: sockets.amqp,
             quic,
             certificate,
         })
@@ -193,6 +219,7 @@ pub(super) async fn serve_store(
     opened: Opened,
     shutdown: CancellationToken,
     cluster: Option<(Arc<Cluster>, Arc<ClusterOps>)>,
+    sockets: Option<Sockets>,
 ) -> Result<(), NodeError> {
     let (cluster, ops) = match cluster {
         Some((cluster, ops)) => (Some(cluster), Ops::Cluster(ops)),
@@ -205,10 +232,10 @@ pub(super) async fn serve_store(
         clock,
         recovery,
     } = opened;
+    let bound = Bound::bind(config, &TlsPaths::new(data_dir), sockets).await?;
     if first_start {
         print_banner(data_dir, &hub);
     }
-    let bound = Bound::bind(config, &TlsPaths::new(data_dir)).await?;
     let services = Services::start_in(store, hub, config, clock, &shutdown, cluster).await?;
     let recovery = recovery.then(|| {
         tokio::spawn(hub::storage_recovery::run(
@@ -238,7 +265,7 @@ pub(super) async fn serve_follower(
     serving: impl FnOnce(&hub::HubContext),
     shutdown: CancellationToken,
 ) -> Result<(), NodeError> {
-    let bound = Bound::bind(config, &TlsPaths::new(data_dir)).await?;
+    let bound = Bound::bind(config, &TlsPaths::new(data_dir), None).await?;
     let services = Services::start_in(
         store,
         hub,

@@ -51,7 +51,7 @@ mod health;
 mod listeners;
 
 use cluster::serve_cluster;
-use listeners::serve_store;
+use listeners::{serve_store, Sockets};
 
 pub use crate::layout::db_path;
 
@@ -427,6 +427,8 @@ pub async fn serve(
         return serve_cluster(data_dir, config, shutdown).await;
     }
     let clock = Clock::system();
+    // Before the data directory is touched: a port in use must not leave a new hub behind.
+    let sockets = Sockets::bind(&config).await?;
     let (store, hub, first_start) = {
         let (dir, config, clock) = (data_dir.to_path_buf(), config.clone(), clock.clone());
         tokio::task::spawn_blocking(move || initialise(&dir, &config, &clock))
@@ -440,7 +442,7 @@ pub async fn serve(
         clock,
         recovery: true,
     };
-    serve_store(data_dir, &config, opened, shutdown, None).await
+    serve_store(data_dir, &config, opened, shutdown, None, Some(sockets)).await
 }
 
 /// A store ready to serve.

@@ -45,7 +45,7 @@ impl fmt::Display for Change {
         }
         write!(
             f,
-            "connection strings now carry HostName={}: give devices and services the new ones (`ferrohub connection-string`); their keys are unchanged",
+            "connection strings now carry HostName={}: give devices and services the new ones (`ferrohub connection-string --data-dir DIR [--device ID]`); their keys are unchanged",
             self.after[0]
         )
     }

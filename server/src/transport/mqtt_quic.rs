@@ -87,14 +87,12 @@ fn server_config(certificate: &Arc<ServerCertificate>) -> Result<ServerConfig, Q
     Ok(config)
 }
 
-/// Binds the UDP endpoint (an IPv6 unspecified address is dual-stack where the host allows).
+/// Binds the UDP socket of the endpoint (an IPv6 unspecified address is dual-stack where the
+/// host allows).
 ///
 /// # Errors
-/// [`QuicError`] for the certificate or the socket.
-pub fn endpoint(
-    addr: SocketAddr,
-    certificate: &Arc<ServerCertificate>,
-) -> Result<Endpoint, QuicError> {
+/// [`QuicError::Bind`].
+pub fn bind_socket(addr: SocketAddr) -> Result<std::net::UdpSocket, QuicError> {
     let bind_error = |e: std::io::Error| QuicError::Bind {
         addr,
         reason: e.to_string(),
@@ -110,12 +108,30 @@ pub fn endpoint(
     let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
     let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
     socket.bind(&addr.into()).map_err(bind_error)?;
+    Ok(socket.into())
+}
+
+/// The endpoint on a socket from [`bind_socket`], presenting `certificate`.
+///
+/// # Errors
+/// [`QuicError`] for the certificate or the socket.
+pub fn endpoint_on(
+    socket: std::net::UdpSocket,
+    certificate: &Arc<ServerCertificate>,
+) -> Result<Endpoint, QuicError> {
+    let addr = socket
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let bind_error = |e: std::io::Error| QuicError::Bind {
+        addr,
+        reason: e.to_string(),
+    };
     let runtime = quinn::default_runtime()
         .ok_or_else(|| bind_error(std::io::Error::other("no async runtime")))?;
     Endpoint::new(
         EndpointConfig::default(),
         Some(server_config(certificate)?),
-        socket.into(),
+        socket,
         runtime,
     )
     .map_err(bind_error)
