@@ -391,3 +391,51 @@ fn queue_and_wait(store: &Store) {
     queue(store, 0, json!({"kept": true}), &tx);
     assert!(collect(&rx, 1)[0].1.is_ok());
 }
+
+/// A device's traffic moves its last activity time forward only, without touching its etag,
+/// connection state or module; a missing identity writes nothing.
+#[test]
+fn activity_moves_the_last_activity_time_forward_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open(dir.path());
+    store
+        .create_device("d", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    store
+        .create_module("d", "m", &IdentitySpec::default(), common::T0)
+        .unwrap();
+    let before = store.get_device("d").unwrap();
+    let (tx, rx) = mpsc::channel();
+    let later = ferrohub_engine::UnixMillis(common::T0.0 + 60_000);
+    for (module, at, expected) in [
+        (None, later, true),
+        (None, common::T0, false),
+        (None, later, false),
+        (Some("m"), later, true),
+    ] {
+        let tx = tx.clone();
+        let queued = store
+            .record_activity_then("d", module, at, move |r| tx.send(r).unwrap())
+            .unwrap();
+        assert_eq!(queued, expected, "{module:?} at {at:?}");
+        assert!(rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap()
+            .is_ok());
+    }
+    let after = store.get_device("d").unwrap();
+    assert_eq!(after.last_activity_time, Some(later));
+    assert_eq!(after.etag, before.etag);
+    assert_eq!(
+        format!("{:?}", after.connection_state),
+        format!("{:?}", before.connection_state)
+    );
+    assert_eq!(
+        store.get_module("d", "m").unwrap().last_activity_time,
+        Some(later)
+    );
+    let tx = tx.clone();
+    assert!(!store
+        .record_activity_then("gone", None, later, move |r| tx.send(r).unwrap())
+        .unwrap());
+}

@@ -34,6 +34,7 @@ mod bulk;
 mod provisioned;
 
 pub use provisioned::Assignment;
+mod activity;
 mod model_id;
 pub use bulk::{BulkItem, BulkItemError, ImportMode};
 

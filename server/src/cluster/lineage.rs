@@ -83,6 +83,42 @@ fn judge(recorded: &Recorded, now: &LogNow, entry: Option<&[u8]>) -> Result<(), 
     Ok(())
 }
 
+/// How long a log that ends before the replica's last entry is read again before it is judged
+/// to have lost its tail: a NATS server just restarted may lead the stream for a moment before
+/// it caught up with the others, and report the end it had.
+const TAIL_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The log as NATS reports it, read again (for up to [`TAIL_PATIENCE`]) while it is the log
+/// the replica came from and ends before the replica's last entry.
+async fn log_now(link: &Link, recorded: &Recorded) -> Result<LogNow, ClusterError> {
+    let applied = recorded.applied;
+    let give_up = tokio::time::Instant::now() + TAIL_PATIENCE;
+    let mut told = false;
+    loop {
+        let (identity, first, last) = link.log_identity().await?;
+        let another_log = recorded
+            .identity
+            .as_ref()
+            .is_some_and(|mine| *mine != identity);
+        if last >= applied || another_log || tokio::time::Instant::now() >= give_up {
+            return Ok(LogNow {
+                identity,
+                first,
+                last,
+            });
+        }
+        if !told {
+            tracing::info!(
+                log_end = last,
+                applied,
+                "the commit log ends before this replica's last entry; reading it again while NATS catches up"
+            );
+            told = true;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
 /// Refuses a log this replica did not come from (see the module invariants); records the
 /// log's identity in a replica that has none yet.
 ///
@@ -93,12 +129,6 @@ pub async fn check_same_log(
     replica: &Arc<Replica>,
     applied: u64,
 ) -> Result<(), ClusterError> {
-    let (identity, first, last) = link.log_identity().await?;
-    let now = LogNow {
-        identity,
-        first,
-        last,
-    };
     let recorded = {
         let replica = Arc::clone(replica);
         tokio::task::spawn_blocking(move || {
@@ -111,6 +141,7 @@ pub async fn check_same_log(
         .await
         .map_err(|e| ClusterError::Replica(e.to_string()))??
     };
+    let now = log_now(link, &recorded).await?;
     let entry = match recorded.tip_to_compare(&now) {
         Some(tip) => Some(link.log_entry(tip.sequence).await?),
         None => None,

@@ -66,6 +66,10 @@ pub struct HubSection {
     pub host_name: Option<String>,
     /// Further names of a new hub (a DNS alias, an IP address), held to the same rule.
     pub other_host_names: Vec<String>,
+    /// How often a device's traffic moves its `lastActivityTime`, at most (each move is a
+    /// registry write; IoT Hub's lags too).
+    #[serde(with = "humantime_serde")]
+    pub last_activity_interval: Duration,
 }
 
 impl HubSection {
@@ -86,6 +90,7 @@ impl Default for HubSection {
             name: defaults::HUB_NAME.into(),
             host_name: None,
             other_host_names: Vec::new(),
+            last_activity_interval: Duration::from_secs(60),
         }
     }
 }
@@ -571,6 +576,12 @@ impl Config {
         }
         self.cluster.validate(self.listeners.https)?;
         self.tls.validate()?;
+        if self.hub.last_activity_interval < Duration::from_secs(1) {
+            return Err(ConfigError::Invalid {
+                key: "hub.last_activity_interval",
+                reason: "at least 1s".into(),
+            });
+        }
         self.timeouts.validate()
     }
 }

@@ -90,6 +90,8 @@ pub struct HubParts {
     pub live: Option<Arc<super::live::LiveReach>>,
     /// Starts import/export job runners (see `calls::CreateJob`).
     pub import_export: Arc<super::calls::ImportExportStarter>,
+    /// How device traffic moves `lastActivityTime`.
+    pub activity: Arc<super::activity::Activity>,
     /// Online backups, on a single node once it serves (a cluster has none yet).
     pub backups: Arc<std::sync::OnceLock<crate::backup::OnlineBackups>>,
 }

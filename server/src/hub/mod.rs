@@ -24,6 +24,7 @@
 //! - Protocol adapters (`mqtt`, `rest`) use the hub and never the engine directly; the hub
 //!   never knows which protocol a request came in on.
 
+pub mod activity;
 pub mod append_lane;
 pub mod appends_from_followers;
 pub mod authenticator;

@@ -135,6 +135,8 @@ struct Connection<IO> {
     last_held: Option<Instant>,
     sender_mark: crate::hub::fair_share::SenderMark,
     d2c_bytes: metrics::Counter,
+    /// When this connection's traffic last moved the device's `lastActivityTime`.
+    activity: crate::hub::activity::ActivityGate,
 }
 
 /// Serves one connection until it ends.
@@ -448,6 +450,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static> Connection<IO> {
     async fn on_packet(&mut self, packet: VariablePacket) -> Option<End> {
         if !matches!(packet, VariablePacket::PublishPacket(_)) {
             self.append_burst().await;
+        }
+        if matches!(
+            packet,
+            VariablePacket::PublishPacket(_) | VariablePacket::PubackPacket(_)
+        ) {
+            self.ctx.note_activity(&self.auth.who, &mut self.activity);
         }
         match packet {
             VariablePacket::PublishPacket(p) => self.on_publish(p).await,

@@ -344,6 +344,9 @@ impl Services {
             live,
             import_export: Arc::default(),
             backups: Arc::default(),
+            activity: Arc::new(hub::activity::Activity::new(
+                config.hub.last_activity_interval,
+            )),
         });
         ctx.import_export.set(Arc::new(|ctx: &HubContext, job| {
             rest::jobs::start_runner(ctx, job)

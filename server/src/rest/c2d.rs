@@ -165,6 +165,8 @@ async fn authorise_device(ctx: &Context, p: &Principal, device_id: &str) -> Resu
             device_id.to_string(),
         )));
     }
+    // The device's own C2D requests (receive, settle) are its traffic.
+    ctx.note_request_activity(&crate::ids::Identity::for_device(device_id));
     Ok(())
 }
 

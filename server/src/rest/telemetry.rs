@@ -157,6 +157,10 @@ async fn send_handler(
             }
             other => ApiError::Registry(other),
         })?;
+    ctx.note_request_activity(&crate::ids::Identity::new(
+        device_id.as_str(),
+        module_id.as_deref(),
+    ));
     let is_batch = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())

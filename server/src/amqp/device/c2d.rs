@@ -59,6 +59,9 @@ pub async fn serve(mut link: Sender, ctx: HubContext, attached: Arc<Attached>) {
                 (Settle::Abandon, false)
             }
         };
+        if link_ok {
+            attached.note_activity(&ctx);
+        }
         let call = crate::hub::calls::SettleC2d {
             device_id: device_id.to_string(),
             lock_token: token.to_string(),

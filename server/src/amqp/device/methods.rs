@@ -24,6 +24,7 @@ pub async fn serve_answers(mut link: Receiver, ctx: HubContext, attached: Arc<At
                 break;
             }
         };
+        attached.note_activity(&ctx);
         let (rid, status, payload) = read_answer(delivery.message());
         let completed = match (rid, status) {
             (Some(rid), Some(status)) => {

@@ -57,6 +57,15 @@ pub struct Attached {
     pub methods: Replies,
     /// Whether the device asked for desired-property pushes.
     pub desired: AtomicBool,
+    /// When the identity's traffic on this connection last moved its `lastActivityTime`.
+    activity: parking_lot::Mutex<crate::hub::activity::ActivityGate>,
+}
+
+impl Attached {
+    /// Traffic of the identity on any of its links (see `hub::activity`).
+    pub fn note_activity(&self, ctx: &HubContext) {
+        ctx.note_activity(&self.auth.who, &mut self.activity.lock());
+    }
 }
 
 /// The device identities of one AMQP connection.
@@ -127,6 +136,7 @@ impl DeviceLinks {
             twin: Replies::default(),
             methods: Replies::default(),
             desired: AtomicBool::new(false),
+            activity: Default::default(),
         });
         tokio::spawn(dispatch(
             self.ctx.clone(),

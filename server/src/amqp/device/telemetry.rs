@@ -75,6 +75,7 @@ pub async fn serve(mut link: Receiver, ctx: HubContext, attached: Arc<Attached>)
                 }
             }
             received = link.recv::<Body<Value>>(), if pending.len() < WINDOW => {
+                attached.note_activity(&ctx);
                 let mut next = Some(received);
                 let (mut events, mut deliveries) = (Vec::new(), Vec::new());
                 let mut ended = false;

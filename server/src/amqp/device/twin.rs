@@ -36,6 +36,7 @@ pub async fn serve_requests(mut link: Receiver, ctx: HubContext, attached: Arc<A
                 break;
             }
         };
+        attached.note_activity(&ctx);
         let request = delivery.message();
         let correlation = messages::correlation(request);
         let (status, version, body) = answer(request, &ctx, &attached).await;

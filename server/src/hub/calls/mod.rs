@@ -121,7 +121,7 @@ calls! {
     SendC2d, PurgeC2d, ReceiveC2d, SettleC2d, CompleteAndReceiveC2d,
     ReceiveFeedback, SettleFeedback,
     EnqueueFileNotification, ReceiveFileNotification, SettleFileNotification,
-    OpenSession, RecordConnection, RecordDisconnection, SaveSession,
+    OpenSession, RecordConnection, RecordDisconnection, RecordActivity, SaveSession,
     CreateConsumerGroup, DeleteConsumerGroup, SetCheckpoint, CreateEndpoint, DeleteEndpoint,
     ChangeRouting,
     CreateJob, CancelJob, CreateScheduledJob, CancelScheduledJob,

@@ -2,7 +2,7 @@
 //! in the registry when it opens and ends (MQT-13), on every transport.
 
 use ferrohub_engine::sessions::SessionRecord;
-use ferrohub_engine::{StorageError, UnixMillis};
+use ferrohub_engine::{RegistryError, StorageError, UnixMillis};
 
 use super::writer_call;
 use crate::hub::cluster::ConnectionRef;
@@ -94,6 +94,35 @@ writer_call! {
                         .is_none_or(|o| o.ends(&client, &connection))
                 };
                 stage_connection(s, &who, Change::Disconnected(&current), now);
+                Ok::<(), StorageError>(())
+            })
+            .await
+    }
+}
+
+writer_call! {
+    /// A device's traffic moving its `lastActivityTime` (see `hub::activity`): queued without
+    /// waiting for its sync, as a connection state is.
+    pub struct RecordActivity {
+        pub who: Identity,
+        pub now: UnixMillis,
+    }
+    -> Result<(), StorageError>;
+    |ctx, c| {
+        let (who, now) = (c.who, c.now);
+        ctx.store
+            .run_quick(move |s| {
+                let written = |result: Result<(), StorageError>| {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "cannot record the last activity time");
+                    }
+                };
+                let (d, m) = (who.device_id.as_str(), who.module_id.as_deref());
+                match s.record_activity_then(d, m, now, written) {
+                    // A call that would have waited is made again by `run_quick`.
+                    Ok(_) | Err(RegistryError::Storage(StorageError::WouldBlock)) => {}
+                    Err(e) => tracing::debug!(error = %e, "cannot record the last activity time"),
+                }
                 Ok::<(), StorageError>(())
             })
             .await

@@ -209,6 +209,7 @@ where
         last_held: None,
         sender_mark: Default::default(),
         d2c_bytes: metrics::counter!("ferrohub_d2c_bytes_total"),
+        activity: Default::default(),
     };
     Some(Box::new(Opened {
         conn,
