@@ -24,6 +24,12 @@ Usage:
       [--devices 1000] [--concurrency 200] [--modes dps,x509,hub,flood]
       [--flood-processes 1] [--flood-workers 8]
       [--poll-interval 0.05] [--honour-retry-after] [--out FILE.json]
+      [--generator rust|python] [--crowd-bin PATH]
+
+The crowd in dps, x509 and hub is played by bench/src/bin/dpscrowd.rs (built with the workspace,
+found beside the ferrohub binary) unless --generator python: one Python process doing every TLS
+handshake tops out near 800 connects/s here, below what the hub can take. The flood stays in
+Python processes of its own.
 
 Prints one JSON object (and writes it to --out). A running hub is read with the `ferrohub` CLI
 (--bin, else FERROHUB_BIN, else target/release) on its data directory; its registration ids
@@ -200,11 +206,47 @@ async def register(t: Target, rid: str, auth: dict, ctx: ssl.SSLContext, tally: 
         writer.close()
 
 
+def generator_binary(args) -> str | None:
+    """The Rust crowd (bench/src/bin/dpscrowd.rs) built beside the ferrohub binary, when
+    --generator rust."""
+    if args.generator != "rust":
+        return None
+    from hubkit import binary
+
+    path = Path(args.crowd_bin) if args.crowd_bin else Path(binary()).parent / "dpscrowd"
+    if not path.exists():
+        sys.exit(f"{path} is missing: cargo build --release --workspace --all-targets (or --generator python)")
+    return str(path)
+
+
+async def rust_crowd(t: Target, mode: str, port: int, devices: list[dict], args) -> dict:
+    """Hands `devices` ({id, token} or {id, cert, key}) to the Rust crowd; its report."""
+    job = {"mode": mode, "host": "localhost", "connect_to": "127.0.0.1", "port": port, "ca": str(t.ca),
+           "scope": t.scope, "concurrency": args.concurrency, "poll_interval_ms": int(args.poll_interval * 1000),
+           "limit_s": int(args.limit), "devices": devices}
+    proc = await asyncio.create_subprocess_exec(generator_binary(args), stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate(json.dumps(job).encode())
+    if proc.returncode != 0:
+        raise RuntimeError(f"dpscrowd exited {proc.returncode}")
+    return json.loads(out)
+
+
 async def crowd(t: Target, devices: list, args) -> dict:
-    """Every (rid, auth headers, ssl context) registered at once, at most --concurrency at a time."""
+    """Every (rid, auth headers, ssl context, (chain, key) or None) registered at once, at most
+    --concurrency at a time."""
+    if generator_binary(args):
+        jobs = [{"id": rid, "token": auth.get("Authorization"),
+                 **({"cert": str(files[0]), "key": str(files[1])} if files else {})}
+                for rid, auth, _, files in devices]
+        r = await rust_crowd(t, "register", t.hub.port, jobs, args)
+        return {"devices": r["devices"], "assigned": r["done"], "failures": r["failures"],
+                "failure_examples": r["failure_examples"], "throttled_429": r["throttled_429"],
+                "wall_s": r["wall_s"], "registrations_per_s": r["per_s"], "time_to_assigned": r["latency"],
+                "generator": "rust"}
     tally, gate = Tally(), asyncio.Semaphore(args.concurrency)
 
-    async def one(rid, auth, ctx):
+    async def one(rid, auth, ctx, _files):
         async with gate:
             try:
                 await register(t, rid, auth, ctx, tally, args)
@@ -217,14 +259,15 @@ async def crowd(t: Target, devices: list, args) -> dict:
     return {"devices": len(devices), "assigned": len(tally.latencies), "failures": len(tally.failures),
             "failure_examples": tally.failures[:3], "throttled_429": tally.throttled,
             "wall_s": round(wall, 2), "registrations_per_s": round(len(tally.latencies) / wall, 1),
-            "time_to_assigned": percentiles(tally.latencies)}
+            "time_to_assigned": percentiles(tally.latencies), "generator": "python"}
 
 
 def symmetric_devices(t: Target, prefix: str, n: int, group_key: str) -> list:
     out = []
     for i in range(n):
         rid = f"{prefix}-{i:05d}"
-        out.append((rid, {"Authorization": sas(f"{t.scope}/registrations/{rid}", derived_key(group_key, rid))}, t.ctx))
+        out.append((rid, {"Authorization": sas(f"{t.scope}/registrations/{rid}", derived_key(group_key, rid))}, t.ctx,
+                    None))
     return out
 
 
@@ -271,7 +314,7 @@ def x509_devices(t: Target, prefix: str, n: int, work: Path) -> tuple[list, str]
                                                serialization.NoEncryption()))
         ctx = ssl.create_default_context(cafile=t.ca)
         ctx.load_cert_chain(str(chain), str(key_file))
-        devices.append((rid, {}, ctx))
+        devices.append((rid, {}, ctx, (chain, key_file)))
     return devices, inter_pem.read_text()
 
 
@@ -310,6 +353,14 @@ def connect_packet(host: str, device: str, key: str) -> bytes:
 
 async def mode_hub(t: Target, args, group: str, group_key: str) -> dict:
     """The devices `dps` created: TLS, CONNECT, CONNACK, DISCONNECT."""
+    if generator_binary(args):
+        jobs = [{"id": f"{group}-{i:05d}",
+                 "token": sas(f"{t.host}/devices/{group}-{i:05d}", derived_key(group_key, f"{group}-{i:05d}"))}
+                for i in range(args.devices)]
+        r = await rust_crowd(t, "connect", t.hub.mqtt_port, jobs, args)
+        return {"devices": r["devices"], "connected": r["done"], "failures": r["failures"],
+                "failure_examples": r["failure_examples"], "wall_s": r["wall_s"], "connects_per_s": r["per_s"],
+                "time_to_connack": r["latency"], "generator": "rust"}
     latencies, failures, refused = [], [], 0
     gate = asyncio.Semaphore(args.concurrency)
 
@@ -441,6 +492,7 @@ async def main(args):
     run = time.strftime("%H%M%S")
     report = {"devices": args.devices, "concurrency": args.concurrency,
               "poll": "retry-after" if args.honour_retry_after else f"{args.poll_interval}s",
+              "generator": args.generator,
               "target": "started here" if t.started else f"https :{t.hub.port}, mqtt :{t.hub.mqtt_port}"}
     modes = args.modes.split(",")
     try:
@@ -484,8 +536,13 @@ if __name__ == "__main__":
     ap.add_argument("--poll-interval", type=float, default=0.05)
     ap.add_argument("--honour-retry-after", action="store_true")
     ap.add_argument("--limit", type=float, default=600, help="seconds per mode before giving up")
+    ap.add_argument("--generator", choices=["rust", "python"], default="rust",
+                    help="who plays the crowd in dps, x509 and hub: the Rust dpscrowd (default) or this script")
+    ap.add_argument("--crowd-bin", help="the dpscrowd binary (default: beside the ferrohub binary)")
     ap.add_argument("--out")
     a = ap.parse_args()
+    if a.honour_retry_after and a.generator == "rust":
+        ap.error("--honour-retry-after needs --generator python (the Rust crowd polls every --poll-interval)")
     if a.hub_data_dir and not (a.https_port and a.mqtt_port):
         ap.error("--hub-data-dir needs --https-port and --mqtt-port")
     asyncio.run(main(a))

@@ -46,6 +46,27 @@ pub fn tls_connector(ca_pem: &std::path::Path) -> anyhow::Result<TlsConnector> {
     Ok(TlsConnector::from(Arc::new(config)))
 }
 
+/// A TLS client configuration trusting one CA file (PEM) that presents a client certificate:
+/// `chain` (PEM, the leaf first) and its `key` (PEM, PKCS#8 or SEC1), as an X.509 device does.
+pub fn tls_connector_with_identity(
+    ca_pem: &std::path::Path,
+    chain: &std::path::Path,
+    key: &std::path::Path,
+) -> anyhow::Result<TlsConnector> {
+    let chain_pem = std::fs::read(chain).with_context(|| format!("reading {}", chain.display()))?;
+    let certs = rustls_pemfile::certs(&mut chain_pem.as_slice()).collect::<Result<Vec<_>, _>>()?;
+    let key_pem = std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
+    let key = rustls_pemfile::private_key(&mut key_pem.as_slice())?
+        .with_context(|| format!("no private key in {}", key.display()))?;
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots(ca_pem)?)
+    .with_client_auth_cert(certs, key)?;
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
 /// How a client reaches the broker.
 #[derive(Clone)]
 pub enum Dialer {

@@ -42,7 +42,8 @@ impl HttpsConnection {
     }
 
     /// Sends one request with a JSON body and reads its response: the status and the body
-    /// (de-chunked).
+    /// (de-chunked). An empty `token` sends no `Authorization` (a client certificate is the
+    /// credential).
     pub async fn request(
         &mut self,
         method: &str,
@@ -51,8 +52,13 @@ impl HttpsConnection {
         body: &[u8],
     ) -> anyhow::Result<(u16, Vec<u8>)> {
         ensure!(!self.closed, "the server closed the connection");
+        let authorization = if token.is_empty() {
+            String::new()
+        } else {
+            format!("Authorization: {token}\r\n")
+        };
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{authorization}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             self.host,
             body.len()
         );

@@ -290,12 +290,27 @@ impl Link {
         ))
     }
 
+    /// The log stream's info, from a leader that heard from a majority of its replicas within
+    /// the lease: a NATS server cut off from the others stays the stream's leader for up to
+    /// 20 s (its lost-quorum check) and keeps answering, though it can no longer take an
+    /// append and may no longer hold the log's end.
     async fn log_info(&self) -> Result<async_nats::jetstream::stream::Info, ClusterError> {
-        self.log_stream()
+        let info = self
+            .log_stream()
             .await?
             .get_info()
             .await
-            .map_err(|e| ClusterError::nats("the commit log's state", e))
+            .map_err(|e| ClusterError::nats("the commit log's state", e))?;
+        match info.cluster.as_ref() {
+            Some(cluster) if !leader_has_majority(cluster, self.section.lease) => {
+                Err(ClusterError::Nats(format!(
+                    "the commit log's leader {} has not heard from a majority of its replicas \
+                     within the lease",
+                    cluster.leader.as_deref().unwrap_or("?")
+                )))
+            }
+            _ => Ok(info),
+        }
     }
 
     /// The log stream's identity (its name and creation time: a stream deleted and made again,
@@ -355,6 +370,20 @@ async fn bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store
     }
 }
 
+/// Whether a stream's leader heard from enough of its replicas within `within` to make a
+/// majority with itself. A replica's `active` is the time since the leader last heard from it
+/// (its heartbeat answers arrive every second while all is well).
+fn leader_has_majority(cluster: &stream::ClusterInfo, within: Duration) -> bool {
+    let members = cluster.replicas.len() + 1;
+    let in_touch = cluster
+        .replicas
+        .iter()
+        .filter(|peer| !peer.offline && peer.active < within)
+        .count()
+        + 1;
+    in_touch * 2 > members
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -365,5 +394,46 @@ mod tests {
         assert!(!super::version_ok("2.9.10"));
         assert!(!super::version_ok("2.10.22-beta"));
         assert!(!super::version_ok(""));
+    }
+
+    fn cluster(actives_ms: &[(u64, bool)]) -> async_nats::jetstream::stream::ClusterInfo {
+        let replicas: Vec<_> = actives_ms
+            .iter()
+            .enumerate()
+            .map(|(i, (ms, offline))| {
+                serde_json::json!({"name": format!("n{i}"), "current": true,
+                                   "active": ms * 1_000_000, "offline": offline})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({"leader": "n", "replicas": replicas})).unwrap()
+    }
+
+    #[test]
+    fn a_leader_answers_for_the_log_only_while_a_majority_heard_from_it() {
+        let lease = std::time::Duration::from_secs(5);
+        assert!(super::leader_has_majority(
+            &cluster(&[(800, false), (900, false)]),
+            lease
+        ));
+        // One replica lost: the leader and the other still make two of three.
+        assert!(super::leader_has_majority(
+            &cluster(&[(800, false), (12_000, false)]),
+            lease
+        ));
+        assert!(super::leader_has_majority(
+            &cluster(&[(800, false), (100, true)]),
+            lease
+        ));
+        // Both lost: a lone server still answers, but has no majority.
+        assert!(!super::leader_has_majority(
+            &cluster(&[(6_000, false), (12_000, false)]),
+            lease
+        ));
+        assert!(!super::leader_has_majority(
+            &cluster(&[(100, true), (100, true)]),
+            lease
+        ));
+        // A single-server log (no replicas) is its own majority.
+        assert!(super::leader_has_majority(&cluster(&[]), lease));
     }
 }
