@@ -8,6 +8,8 @@
 //!   [`CUSTOM_BASE`], above any built-in count.
 //! - Deleting an endpoint removes its events with one range delete per partition; partition
 //!   heads stay, so a range reused later continues its sequence numbers.
+//! - An endpoint may carry a delivery target (`crate::delivery`): it is stored in the
+//!   endpoint's record, and the endpoint's delivery cursors go with the endpoint.
 //! - The router's cursor (the next notification to route) advances in the same batch as the
 //!   events it produced, and the routed notifications are deleted in that batch: a crash
 //!   neither loses nor repeats a non-telemetry event.
@@ -15,6 +17,7 @@
 use ferrohub_migrations::cf;
 
 use crate::d2c::{Appended, D2cError, NewEvent};
+use crate::delivery::DeliveryTarget;
 use crate::error::{StorageError, ValidationError};
 use crate::keys;
 use crate::model::UnixMillis;
@@ -124,7 +127,24 @@ impl Store {
         partitions: u16,
         now: UnixMillis,
     ) -> Result<Endpoint, D2cError> {
+        self.create_endpoint_delivering(name, partitions, None, now)
+    }
+
+    /// Creates a custom endpoint whose events are also delivered to `delivery`.
+    ///
+    /// # Errors
+    /// As [`Store::create_endpoint`], and [`D2cError::Invalid`] for a target's settings.
+    pub fn create_endpoint_delivering(
+        &self,
+        name: &str,
+        partitions: u16,
+        delivery: Option<DeliveryTarget>,
+        now: UnixMillis,
+    ) -> Result<Endpoint, D2cError> {
         validate_name(name)?;
+        if let Some(target) = &delivery {
+            target.validate()?;
+        }
         if !(1..=MAX_ENDPOINT_PARTITIONS).contains(&partitions) {
             return Err(ValidationError::new(
                 "partitionCount",
@@ -146,6 +166,7 @@ impl Store {
                 id: rand::random::<u64>() | 1,
             },
             created: now,
+            delivery,
         };
         let mut batch = crate::raw::Batch::default();
         batch.put_record(cf::D2C_STATE, endpoint_key(name), &endpoint);
@@ -189,10 +210,89 @@ impl Store {
         let slot = custom[i].slot;
         let mut batch = crate::raw::Batch::default();
         batch.delete(cf::D2C_STATE, endpoint_key(name));
+        crate::delivery::stage_delete_cursors(&mut batch, name);
         self.stage_hide_partitions(&mut batch, slot.base..slot.base + slot.partitions);
         self.raw.commit(batch)?;
         custom.remove(i);
         Ok(())
+    }
+
+    /// The next sequence number to deliver from a global partition of `endpoint` (0 before
+    /// anything was delivered).
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub fn delivery_cursor(&self, endpoint: &str, partition: u16) -> Result<u64, StorageError> {
+        Ok(self
+            .raw
+            .get_record(
+                cf::D2C_STATE,
+                &crate::delivery::cursor_key(endpoint, partition),
+            )?
+            .unwrap_or(0))
+    }
+
+    /// Moves a partition's delivery cursor to `next` (the sequence number after the last event
+    /// the target accepted), unless it is already there or beyond.
+    ///
+    /// # Errors
+    /// [`D2cError::NoSuchEndpoint`] when the endpoint is gone or has no target, storage.
+    pub fn advance_delivery_cursor(
+        &self,
+        endpoint: &str,
+        partition: u16,
+        next: u64,
+    ) -> Result<(), D2cError> {
+        let _guard = self.hub_lock.lock();
+        let delivered = self
+            .list_endpoints()
+            .into_iter()
+            .any(|e| e.name == endpoint && e.delivery.is_some() && e.slot.contains(partition));
+        if !delivered {
+            return Err(D2cError::NoSuchEndpoint(endpoint.to_string()));
+        }
+        if self.delivery_cursor(endpoint, partition)? >= next {
+            return Ok(());
+        }
+        let mut batch = crate::raw::Batch::default();
+        batch.put_record(
+            cf::D2C_STATE,
+            crate::delivery::cursor_key(endpoint, partition),
+            &next,
+        );
+        Ok(self.raw.commit(batch)?)
+    }
+
+    /// Sets (or with `None` removes) where a custom endpoint's events are delivered; its
+    /// events stay. A removed target's delivery cursors go with it: a target set again later
+    /// starts from the oldest event the endpoint still holds.
+    ///
+    /// # Errors
+    /// [`D2cError::NoSuchEndpoint`], [`D2cError::Invalid`] for the target's settings, storage.
+    pub fn set_endpoint_delivery(
+        &self,
+        name: &str,
+        delivery: Option<DeliveryTarget>,
+    ) -> Result<Endpoint, D2cError> {
+        if let Some(target) = &delivery {
+            target.validate()?;
+        }
+        let _guard = self.hub_lock.lock();
+        let mut custom = self.partitions.custom.write();
+        let endpoint = custom
+            .iter_mut()
+            .find(|e| e.name == name)
+            .ok_or_else(|| D2cError::NoSuchEndpoint(name.to_string()))?;
+        let mut changed = endpoint.clone();
+        changed.delivery = delivery;
+        let mut batch = crate::raw::Batch::default();
+        batch.put_record(cf::D2C_STATE, endpoint_key(name), &changed);
+        if changed.delivery.is_none() {
+            crate::delivery::stage_delete_cursors(&mut batch, name);
+        }
+        self.raw.commit(batch)?;
+        *endpoint = changed.clone();
+        Ok(changed)
     }
 
     /// The next notification the router has not routed yet.
@@ -248,6 +348,7 @@ mod tests {
 
     fn ep(base: u16, partitions: u16) -> Endpoint {
         Endpoint {
+            delivery: None,
             name: format!("e{base}"),
             slot: EndpointSlot {
                 base,

@@ -43,6 +43,7 @@ pub mod archive;
 pub mod c2d;
 pub mod configurations;
 pub mod d2c;
+pub mod delivery;
 pub mod endpoints;
 pub mod error;
 pub mod hub;

@@ -49,4 +49,8 @@ pub struct Endpoint {
     pub name: String,
     pub slot: EndpointSlot,
     pub created: UnixMillis,
+    /// Where its events are delivered outside the hub, if anywhere (`crate::delivery`).
+    /// Endpoints stored before targets existed read as `None`.
+    #[serde(default)]
+    pub delivery: Option<crate::delivery::DeliveryTarget>,
 }

@@ -149,3 +149,78 @@ fn routing_notifications_moves_the_cursor_and_numbering_continues_after_reopen()
         "numbering continues past the routed records"
     );
 }
+
+fn hook(url: &str) -> ferrohub_engine::delivery::DeliveryTarget {
+    ferrohub_engine::delivery::DeliveryTarget::Webhook(ferrohub_engine::delivery::WebhookTarget {
+        url: url.into(),
+        signing_key: "c2l4dGVlbiBieXRlcyBrZXk=".into(),
+        ca_certificate: None,
+        timeout_ms: 5_000,
+        dead_letter_after_ms: 60_000,
+    })
+}
+
+#[test]
+fn a_delivered_endpoint_keeps_its_target_and_cursors_until_it_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = common::open(dir.path());
+        let e = store
+            .create_endpoint_delivering("out", 2, Some(hook("https://r/1")), UnixMillis(0))
+            .unwrap();
+        assert_eq!(e.delivery, Some(hook("https://r/1")));
+        let p = e.slot.base + 1;
+        assert_eq!(store.delivery_cursor("out", p).unwrap(), 0);
+        store.advance_delivery_cursor("out", p, 7).unwrap();
+        // A cursor never moves back.
+        store.advance_delivery_cursor("out", p, 3).unwrap();
+        assert_eq!(store.delivery_cursor("out", p).unwrap(), 7);
+        // Not a partition of the endpoint, or an endpoint without a target: refused.
+        assert!(store.advance_delivery_cursor("out", 0, 1).is_err());
+        store.create_endpoint("plain", 1, UnixMillis(0)).unwrap();
+        let plain = store.endpoint_slot("plain").unwrap().base;
+        assert!(matches!(
+            store.advance_delivery_cursor("plain", plain, 1),
+            Err(D2cError::NoSuchEndpoint(_))
+        ));
+        // A bad target is refused with its field, and nothing is stored.
+        let mut bad = hook("ftp://r/");
+        assert!(matches!(
+            store.create_endpoint_delivering("bad", 1, Some(bad.clone()), UnixMillis(0)),
+            Err(D2cError::Invalid(_))
+        ));
+        let ferrohub_engine::delivery::DeliveryTarget::Webhook(w) = &mut bad;
+        w.url = "https://r/".into();
+        w.signing_key = "c2hvcnQ=".into();
+        assert!(store.set_endpoint_delivery("plain", Some(bad)).is_err());
+        assert!(store.endpoint_slot("bad").is_none());
+        // The target changes without touching the cursor.
+        store
+            .set_endpoint_delivery("out", Some(hook("https://r/2")))
+            .unwrap();
+        assert_eq!(store.delivery_cursor("out", p).unwrap(), 7);
+    }
+    // Stored across a reopen.
+    let store = common::open(dir.path());
+    let out = store
+        .list_endpoints()
+        .into_iter()
+        .find(|e| e.name == "out")
+        .unwrap();
+    assert_eq!(out.delivery, Some(hook("https://r/2")));
+    let p = out.slot.base + 1;
+    assert_eq!(store.delivery_cursor("out", p).unwrap(), 7);
+    // Removing the target forgets the cursors; deleting the endpoint too.
+    store.set_endpoint_delivery("out", None).unwrap();
+    assert_eq!(store.delivery_cursor("out", p).unwrap(), 0);
+    store
+        .set_endpoint_delivery("out", Some(hook("https://r/3")))
+        .unwrap();
+    store.advance_delivery_cursor("out", p, 4).unwrap();
+    store.delete_endpoint("out").unwrap();
+    assert_eq!(store.delivery_cursor("out", p).unwrap(), 0);
+    assert!(matches!(
+        store.set_endpoint_delivery("out", None),
+        Err(D2cError::NoSuchEndpoint(_))
+    ));
+}

@@ -270,6 +270,25 @@ fn a_followers_store_reads_what_the_log_wrote_and_refuses_writes() {
         .endpoint_slot("cold")
         .expect("the endpoint is followed");
     assert_eq!(Some(slot), writer.endpoint_slot("cold"));
+    // A delivery target set later reaches the replica with the endpoint's record.
+    let target = ferrohub_engine::delivery::DeliveryTarget::Webhook(
+        ferrohub_engine::delivery::WebhookTarget {
+            url: "https://receiver/".into(),
+            signing_key: "c2l4dGVlbiBieXRlcyBrZXk=".into(),
+            ca_certificate: None,
+            timeout_ms: 5_000,
+            dead_letter_after_ms: 60_000,
+        },
+    );
+    writer
+        .set_endpoint_delivery("cold", Some(target.clone()))
+        .unwrap();
+    catch_up(&follower, &log);
+    let followed = store
+        .list_endpoints()
+        .into_iter()
+        .find(|e| e.name == "cold");
+    assert_eq!(followed.and_then(|e| e.delivery), Some(target));
     let routed = ferrohub_engine::d2c::NewEvent {
         endpoints: Some(vec![slot]),
         ..event("dev", "three")

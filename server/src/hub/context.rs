@@ -92,6 +92,8 @@ pub struct HubParts {
     pub import_export: Arc<super::calls::ImportExportStarter>,
     /// How device traffic moves `lastActivityTime`.
     pub activity: Arc<super::activity::Activity>,
+    /// How deliveries to endpoints outside the hub fare (on the node that delivers).
+    pub delivery_health: Arc<super::delivery::DeliveryHealth>,
     /// Online backups, on a single node once it serves (a cluster has none yet).
     pub backups: Arc<std::sync::OnceLock<crate::backup::OnlineBackups>>,
 }

@@ -40,6 +40,7 @@ pub mod connections;
 pub mod context;
 pub mod d2c_notify;
 pub mod daily_quota;
+pub mod delivery;
 pub mod departed_nodes;
 pub mod event_router;
 pub mod fair_share;

@@ -343,6 +343,7 @@ impl Services {
             cluster,
             live,
             import_export: Arc::default(),
+            delivery_health: Arc::default(),
             backups: Arc::default(),
             activity: Arc::new(hub::activity::Activity::new(
                 config.hub.last_activity_interval,
@@ -384,6 +385,10 @@ impl Services {
         tasks.push(tokio::spawn(hub::event_router::run(
             ctx.clone(),
             notifications_wake,
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(hub::delivery::run(
+            ctx.clone(),
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(hub::retention::run(

@@ -5,8 +5,13 @@
 //! - `PUT|DELETE /routing/routes/{name}`, `PUT /routing/fallback`,
 //!   `PUT|DELETE /routing/enrichments/{key}`, `PUT|DELETE /routing/endpoints/{name}`
 //!   (RegistryWrite).
+//! - `PUT|DELETE /routing/endpoints/{name}/webhook` (RegistryWrite): where a custom
+//!   endpoint's events are delivered outside the hub; `GET /routing/endpointsHealth`
+//!   (RegistryRead): how those deliveries fare, as IoT Hub's `routingEndpointsHealth`.
 
-use ferrohub_engine::endpoints::BUILTIN_ENDPOINT;
+use ferrohub_engine::delivery::{DeliveryTarget, WebhookTarget};
+use ferrohub_engine::endpoints::{Endpoint, BUILTIN_ENDPOINT};
+use ferrohub_engine::model::UnixMillis;
 use ferrohub_engine::notifications::EventSource;
 use ferrohub_engine::routing::{Enrichment, Route, RoutingConfig};
 use serde::de::DeserializeOwned;
@@ -19,7 +24,11 @@ use super::error::ApiError;
 use super::reply::{json, json_with_status, no_content, one_of, Handled, Response};
 use super::{caller, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
-use crate::hub::calls::{ChangeRouting, CreateEndpoint, DeleteEndpoint, RoutingEdit};
+use crate::hub::calls::{
+    ChangeRouting, CreateEndpoint, DeleteEndpoint, EndpointsHealth, RoutingEdit,
+    SetEndpointDelivery,
+};
+use crate::hub::twin_rows::format_time;
 use crate::routing::RouteError;
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -64,6 +73,69 @@ struct EndpointJson {
     #[serde(default)]
     name: String,
     partition_count: u16,
+    /// Where the endpoint's events are delivered outside the hub.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    webhook: Option<WebhookJson>,
+}
+
+/// A webhook target as the API shows it: in seconds, and the signing key only in the answer
+/// to the request that set it (a reader of the configuration does not get it).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WebhookJson {
+    url: String,
+    /// Base64 of 16 to 64 bytes; made (32 random bytes) when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    signing_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ca_certificate: Option<String>,
+    #[serde(default = "default_timeout_seconds")]
+    timeout_seconds: u64,
+    #[serde(default = "default_dead_letter_seconds")]
+    dead_letter_after_seconds: u64,
+}
+
+fn default_timeout_seconds() -> u64 {
+    10
+}
+
+fn default_dead_letter_seconds() -> u64 {
+    3600
+}
+
+impl WebhookJson {
+    fn target(self) -> DeliveryTarget {
+        use base64::Engine as _;
+        let key = self.signing_key.unwrap_or_else(|| {
+            base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 32]>())
+        });
+        DeliveryTarget::Webhook(WebhookTarget {
+            url: self.url,
+            signing_key: key,
+            ca_certificate: self.ca_certificate,
+            timeout_ms: self.timeout_seconds.saturating_mul(1000),
+            dead_letter_after_ms: self.dead_letter_after_seconds.saturating_mul(1000),
+        })
+    }
+
+    fn shown(target: &DeliveryTarget, with_key: bool) -> WebhookJson {
+        let DeliveryTarget::Webhook(w) = target;
+        WebhookJson {
+            url: w.url.clone(),
+            signing_key: with_key.then(|| w.signing_key.clone()),
+            ca_certificate: w.ca_certificate.clone(),
+            timeout_seconds: w.timeout_ms / 1000,
+            dead_letter_after_seconds: w.dead_letter_after_ms / 1000,
+        }
+    }
+}
+
+fn endpoint_json(e: &Endpoint, with_key: bool) -> EndpointJson {
+    EndpointJson {
+        name: e.name.clone(),
+        partition_count: e.slot.partitions,
+        webhook: e.delivery.as_ref().map(|t| WebhookJson::shown(t, with_key)),
+    }
 }
 
 fn route_json(r: &Route) -> RouteJson {
@@ -92,11 +164,14 @@ fn endpoints_json(store: &ferrohub_engine::Store) -> Vec<EndpointJson> {
     let mut endpoints = vec![EndpointJson {
         name: BUILTIN_ENDPOINT.into(),
         partition_count: builtin,
+        webhook: None,
     }];
-    endpoints.extend(store.list_endpoints().into_iter().map(|e| EndpointJson {
-        name: e.name,
-        partition_count: e.slot.partitions,
-    }));
+    endpoints.extend(
+        store
+            .list_endpoints()
+            .iter()
+            .map(|e| endpoint_json(e, false)),
+    );
     endpoints
 }
 
@@ -131,6 +206,7 @@ pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
     let route = || warp::path!("routing" / "routes" / PathId);
     let enrichment = || warp::path!("routing" / "enrichments" / PathId);
     let endpoint = || warp::path!("routing" / "endpoints" / PathId);
+    let webhook = || warp::path!("routing" / "endpoints" / PathId / "webhook");
     one_of([
         warp::path!("routing").and(warp::get()).and(caller()).then(get_handler).boxed(),
         route().and(warp::put()).and(caller()).and(json_body()).then(put_item_handler::<Route>).boxed(),
@@ -140,6 +216,9 @@ pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
         enrichment().and(warp::delete()).and(caller()).then(delete_item_handler::<Enrichment>).boxed(),
         endpoint().and(warp::put()).and(caller()).and(json_body()).then(put_endpoint_handler).boxed(),
         endpoint().and(warp::delete()).and(caller()).then(delete_endpoint_handler).boxed(),
+        webhook().and(warp::put()).and(caller()).and(json_body()).then(put_webhook_handler).boxed(),
+        webhook().and(warp::delete()).and(caller()).then(delete_webhook_handler).boxed(),
+        warp::path!("routing" / "endpointsHealth").and(warp::get()).and(caller()).then(health_handler).boxed(),
     ])
 }
 
@@ -252,14 +331,63 @@ async fn put_endpoint_handler(
     let call = CreateEndpoint {
         name: name.0.clone(),
         partitions: body.partition_count,
+        delivery: body.webhook.map(WebhookJson::target),
         now: ctx.clock.now(),
     };
     let e = ctx.write(call).await?;
-    let answer = EndpointJson {
-        name: e.name,
-        partition_count: e.slot.partitions,
+    Ok(json_with_status(
+        &endpoint_json(&e, true),
+        StatusCode::CREATED,
+    ))
+}
+
+/// Sets where an existing endpoint's events are delivered; its events stay.
+async fn put_webhook_handler(
+    name: PathId,
+    ctx: Context,
+    p: Principal,
+    body: WebhookJson,
+) -> Handled {
+    authorise(&p, true)?;
+    let call = SetEndpointDelivery {
+        name: name.0,
+        delivery: Some(body.target()),
     };
-    Ok(json_with_status(&answer, StatusCode::CREATED))
+    let e = ctx.write(call).await?;
+    Ok(json(&endpoint_json(&e, true)))
+}
+
+async fn delete_webhook_handler(name: PathId, ctx: Context, p: Principal) -> Handled {
+    authorise(&p, true)?;
+    let call = SetEndpointDelivery {
+        name: name.0,
+        delivery: None,
+    };
+    ctx.write(call).await?;
+    Ok(no_content())
+}
+
+/// IoT Hub's `routingEndpointsHealth`: each endpoint outside the hub with its health, as the
+/// node that delivers (the writer) sees it.
+async fn health_handler(ctx: Context, p: Principal) -> Handled {
+    authorise(&p, false)?;
+    let time = |t: Option<UnixMillis>| t.map(|t| format_time(Some(t)));
+    let value: Vec<serde_json::Value> = ctx
+        .write(EndpointsHealth {})
+        .await?
+        .into_iter()
+        .map(|h| {
+            serde_json::json!({
+                "endpointId": h.endpoint,
+                "healthStatus": h.status,
+                "lastKnownError": h.last_known_error,
+                "lastKnownErrorTime": time(h.last_known_error_time),
+                "lastSuccessfulSendAttemptTime": time(h.last_successful_send_attempt_time),
+                "lastSendAttemptTime": time(h.last_send_attempt_time),
+            })
+        })
+        .collect();
+    Ok(json(&serde_json::json!({ "value": value })))
 }
 
 async fn delete_endpoint_handler(name: PathId, ctx: Context, p: Principal) -> Handled {

@@ -2,12 +2,14 @@
 //! routing configuration (whose compiled table the writer swaps in as it stores it).
 
 use ferrohub_engine::d2c::{Checkpoint, D2cError};
+use ferrohub_engine::delivery::DeliveryTarget;
 use ferrohub_engine::endpoints::Endpoint;
 use ferrohub_engine::routing::{Enrichment, Route, RoutingConfig};
 use ferrohub_engine::UnixMillis;
 use serde::{Deserialize, Serialize};
 
 use super::writer_call;
+use crate::hub::delivery::EndpointHealth;
 use crate::hub::routes::{compile_stored, install};
 use crate::routing::RouteError;
 
@@ -33,11 +35,27 @@ writer_call! {
 }
 
 writer_call! {
-    pub struct CreateEndpoint { pub name: String, pub partitions: u16, pub now: UnixMillis }
+    pub struct CreateEndpoint {
+        pub name: String,
+        pub partitions: u16,
+        pub delivery: Option<DeliveryTarget>,
+        pub now: UnixMillis,
+    }
     -> Result<Endpoint, D2cError>;
     |ctx, c| ctx
         .store
-        .run(move |s| s.create_endpoint(&c.name, c.partitions, c.now))
+        .run(move |s| s.create_endpoint_delivering(&c.name, c.partitions, c.delivery, c.now))
+        .await
+}
+
+writer_call! {
+    /// Sets or removes where an existing endpoint's events are delivered (the delivery tasks
+    /// follow within a second: `hub::delivery`).
+    pub struct SetEndpointDelivery { pub name: String, pub delivery: Option<DeliveryTarget> }
+    -> Result<Endpoint, D2cError>;
+    |ctx, c| ctx
+        .store
+        .run(move |s| s.set_endpoint_delivery(&c.name, c.delivery))
         .await
 }
 
@@ -116,5 +134,23 @@ writer_call! {
                 Ok::<_, RouteError>(config)
             })
             .await
+    }
+}
+
+writer_call! {
+    /// How deliveries to endpoints outside the hub fare: known only to the node that
+    /// delivers (the writer), so any node asks it.
+    pub struct EndpointsHealth {}
+    -> Result<Vec<EndpointHealth>, D2cError>;
+    |ctx, _c| {
+        let names: Vec<String> = ctx
+            .store
+            .run(|s| Ok::<_, D2cError>(s.list_endpoints()))
+            .await?
+            .into_iter()
+            .filter(|e| e.delivery.is_some())
+            .map(|e| e.name)
+            .collect();
+        Ok(ctx.delivery_health.report(&names))
     }
 }

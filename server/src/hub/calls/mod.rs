@@ -122,7 +122,7 @@ calls! {
     ReceiveFeedback, SettleFeedback,
     EnqueueFileNotification, ReceiveFileNotification, SettleFileNotification,
     OpenSession, RecordConnection, RecordDisconnection, RecordActivity, SaveSession,
-    CreateConsumerGroup, DeleteConsumerGroup, SetCheckpoint, CreateEndpoint, DeleteEndpoint,
+    CreateConsumerGroup, DeleteConsumerGroup, SetCheckpoint, CreateEndpoint, SetEndpointDelivery, DeleteEndpoint, EndpointsHealth,
     ChangeRouting,
     CreateJob, CancelJob, CreateScheduledJob, CancelScheduledJob,
     PutConfiguration, DeleteConfiguration,
