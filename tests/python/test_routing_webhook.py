@@ -363,3 +363,74 @@ def test_a_target_is_set_and_removed_on_an_existing_endpoint(sdk_hub, receiver):
     finally:
         client.shutdown()
         drop_routing(sdk_hub, ["to-hook-later"], ["hook-later"])
+
+
+@pytest.mark.skipif(CLUSTER, reason="a hub of its own, started with a configuration file, then exported and restored")
+def test_a_webhook_from_the_configuration_file_survives_export_and_restore(tmp_path, receiver):
+    import subprocess
+
+    from hubkit import Hub, binary
+    from routingkit import send_http
+
+    key = base64.b64encode(os.urandom(32)).decode()
+    (tmp_path / "hook.key").write_text(key + "\n")
+    config = tmp_path / "hub.toml"
+    config.write_text(f"""
+[[routing.endpoints]]
+name = "filed"
+partitions = 1
+[routing.endpoints.webhook]
+url = "{receiver.url}"
+signing_key_file = "{tmp_path / 'hook.key'}"
+ca_file = "{receiver.ca_cert}"
+timeout = "3s"
+dead_letter_after = "10m"
+
+[[routing.routes]]
+name = "to-filed"
+source = "DeviceMessages"
+condition = "true"
+endpoints = ["filed", "events"]
+""")
+
+    def verified(posts, device_id):
+        return [p for p in posts if p["headers"].get("iothub-connection-device-id") == device_id
+                and p["headers"]["x-ferrohub-signature"] ==
+                "sha256=" + hmac.new(base64.b64decode(key), p["body"], hashlib.sha256).hexdigest()]
+
+    original = Hub(tmp_path / "original").start(["--config", str(config)])
+    try:
+        original.create_device("filed-1")
+        send_http(original, "filed-1", b"before")
+        wait_for(lambda: verified(receiver.received(), "filed-1"), lambda v: len(v) == 1)
+        hook = [e for e in original.request("GET", "/routing", original.token()).json()["endpoints"]
+                if e["name"] == "filed"][0]["webhook"]
+        assert (hook["url"], hook["timeoutSeconds"], hook["deadLetterAfterSeconds"]) == (receiver.url, 3, 600)
+    finally:
+        original.stop()
+    export = tmp_path / "export"
+    for args in (["export", "--data-dir", str(original.data_dir), "--to", str(export)],
+                 ["restore", "--data-dir", str(tmp_path / "restored"), "--from", str(export)]):
+        run = subprocess.run([binary(), *args], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+    restored = Hub(tmp_path / "restored").start()
+    try:
+        send_http(restored, "filed-1", b"after")
+        posts = wait_for(lambda: verified(receiver.received(), "filed-1"), lambda v: len(v) == 2)
+        assert [p["body"] for p in posts] == [b"before", b"after"]
+    finally:
+        restored.kill()
+
+
+def test_a_configuration_file_with_a_bad_webhook_stops_the_start(tmp_path):
+    from hubkit import Hub
+
+    if CLUSTER:
+        pytest.skip("a hub of its own")
+    config = tmp_path / "hub.toml"
+    config.write_text('[[routing.endpoints]]\nname = "filed"\npartitions = 1\n[routing.endpoints.webhook]\n'
+                      f'url = "https://127.0.0.1:1/"\nsigning_key_file = "{tmp_path / "missing.key"}"\n')
+    hub = Hub(tmp_path / "hub")
+    with pytest.raises(Exception):
+        hub.start(["--config", str(config)], timeout=20)
+    assert "missing.key" in hub.log_tail(40)

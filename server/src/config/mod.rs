@@ -12,9 +12,11 @@ use serde::Deserialize;
 mod backup;
 mod cluster;
 mod tls;
+mod webhook;
 pub use backup::BackupSection;
 pub use cluster::ClusterSection;
 pub use tls::TlsSection;
+pub use webhook::WebhookConfig;
 
 pub mod defaults {
     use std::time::Duration;
@@ -269,6 +271,9 @@ pub struct RoutingSection {
 pub struct EndpointConfig {
     pub name: String,
     pub partitions: u16,
+    /// Delivers the endpoint's events to a webhook (docs/routing.md); when absent, a target
+    /// the REST API set is kept.
+    pub webhook: Option<WebhookConfig>,
 }
 
 fn yes() -> bool {

@@ -32,11 +32,15 @@ pub struct ActivityGate {
 }
 
 impl ActivityGate {
+    /// Whether traffic at `now` would move the time.
+    fn due(&self, now: UnixMillis, interval: Duration) -> bool {
+        self.last
+            .is_none_or(|t| now.0.saturating_sub(t.0) >= interval.as_millis() as i64)
+    }
+
     /// Whether traffic at `now` moves the time (and notes that it did).
     pub fn opens(&mut self, now: UnixMillis, interval: Duration) -> bool {
-        let due = self
-            .last
-            .is_none_or(|t| now.0.saturating_sub(t.0) >= interval.as_millis() as i64);
+        let due = self.due(now, interval);
         if due {
             self.last = Some(now);
         }
@@ -67,12 +71,8 @@ impl Activity {
         let interval = self.interval;
         let mut gates = self.gates.lock();
         if gates.len() >= PRUNE_AT {
-            let mut probe = ActivityGate::default();
-            gates.retain(|_, g| {
-                probe.last = g.last;
-                // Keep a gate only while it is shut: one that would open holds nothing.
-                !probe.opens(now, interval)
-            });
+            // Keep a gate only while it is shut: one that would open holds nothing.
+            gates.retain(|_, g| !g.due(now, interval));
         }
         gates
             .entry(who.client_id())

@@ -65,16 +65,35 @@ pub fn apply_config(
     now: UnixMillis,
 ) -> Result<(), RouteError> {
     for e in &section.endpoints {
-        match store.endpoint_slot(&e.name) {
-            Some(slot) if slot.partitions != e.partitions => tracing::warn!(
-                endpoint = %e.name, stored = slot.partitions, configured = e.partitions,
-                "an endpoint's partition count is fixed when it is created; keeping the stored one"
-            ),
-            Some(_) => {}
+        let invalid = |err: String| RouteError::Invalid(format!("endpoint {}: {err}", e.name));
+        let delivery = e
+            .webhook
+            .as_ref()
+            .map(crate::config::WebhookConfig::target)
+            .transpose()
+            .map_err(invalid)?;
+        let stored = store
+            .list_endpoints()
+            .into_iter()
+            .find(|s| s.name == e.name);
+        match stored {
+            Some(stored) => {
+                if stored.slot.partitions != e.partitions {
+                    tracing::warn!(
+                        endpoint = %e.name, stored = stored.slot.partitions, configured = e.partitions,
+                        "an endpoint's partition count is fixed when it is created; keeping the stored one"
+                    );
+                }
+                if delivery.is_some() && delivery != stored.delivery {
+                    store
+                        .set_endpoint_delivery(&e.name, delivery)
+                        .map_err(|err| invalid(err.to_string()))?;
+                }
+            }
             None => {
                 store
-                    .create_endpoint(&e.name, e.partitions, now)
-                    .map_err(|err| RouteError::Invalid(format!("endpoint {}: {err}", e.name)))?;
+                    .create_endpoint_delivering(&e.name, e.partitions, delivery, now)
+                    .map_err(|err| invalid(err.to_string()))?;
             }
         }
     }

@@ -356,7 +356,7 @@ async fn serve_services(
         tokio::spawn(mqtt_tls::serve(
             bound.mqtt,
             config.listeners.mqtt_max_connections,
-            LeanTlsAcceptor::new(tls::mqtt_server_config(&bound.certificate)?),
+            LeanTlsAcceptor::new(tls::server_config(&bound.certificate)?),
             ctx.clone(),
             shutdown.clone(),
             tracker.clone(),

@@ -158,14 +158,14 @@ fn check_host_names(
 /// Re-issues the generated server certificate from the hub's CA when it does not cover every
 /// host name (a hub restored under other names, or a certificate made before names were
 /// added). Without the CA key it only warns: the certificate came from elsewhere.
-fn cover_host_names(paths: &TlsPaths, hub: &HubSettings) -> Result<(), NodeError> {
+fn cover_host_names(paths: &TlsPaths, hub: &HubSettings) {
     let served = tls::serving::describe_file(&paths.generated().chain);
     let missing: Vec<&str> = hub
         .host_names()
         .filter(|n| !served.as_ref().is_some_and(|d| d.covers(n)))
         .collect();
     if missing.is_empty() {
-        return Ok(());
+        return;
     }
     let names: Vec<&str> = hub.host_names().collect();
     match tls::reissue_server(paths, &names) {
@@ -178,7 +178,6 @@ fn cover_host_names(paths: &TlsPaths, hub: &HubSettings) -> Result<(), NodeError
             "the generated server certificate does not cover these host names and cannot be re-issued"
         ),
     }
-    Ok(())
 }
 
 /// The engine settings the configuration asks for.
@@ -214,7 +213,7 @@ pub fn initialise(
             crate::backup::NEW_CA_WARNING
         );
     }
-    cover_host_names(&paths, &hub)?;
+    cover_host_names(&paths, &hub);
     Ok((Arc::new(store), hub, first_start))
 }
 

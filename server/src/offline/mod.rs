@@ -3,8 +3,9 @@
 //!
 //! An export is a container holding:
 //! - `hub.json`: the hub's settings (name, host name, shared access policies with keys),
-//!   registered CAs, consumer groups, custom endpoints (names and partition counts), routes,
-//!   the fallback route and enrichments, and the built-in partition count.
+//!   registered CAs, consumer groups, custom endpoints (names, partition counts, and delivery
+//!   targets with their signing keys), routes, the fallback route and enrichments, and the
+//!   built-in partition count.
 //! - `devices.txt`: every device and module, one line each (see `rest::jobs::line`), with keys
 //!   or thumbprints, twin tags, desired and reported properties, versions, etags and metadata.
 //!
@@ -104,6 +105,10 @@ struct ProvisioningExport {
 struct EndpointExport {
     name: String,
     partitions: u16,
+    /// Where its events are delivered outside the hub (with the signing key: a restored hub
+    /// signs as the original did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    delivery: Option<ferrohub_engine::delivery::DeliveryTarget>,
 }
 
 /// Opens the data directory to write (a restore); a cluster node's replica is refused.
@@ -178,6 +183,7 @@ pub fn export(
             .map(|e| EndpointExport {
                 name: e.name,
                 partitions: e.slot.partitions,
+                delivery: e.delivery,
             })
             .collect(),
         routing: store.routing_config()?,
@@ -290,7 +296,7 @@ pub fn restore(data_dir: &Path, from: &str) -> anyhow::Result<Restored> {
         store.create_consumer_group(group, now)?;
     }
     for e in &hub.endpoints {
-        store.create_endpoint(&e.name, e.partitions, now)?;
+        store.create_endpoint_delivering(&e.name, e.partitions, e.delivery.clone(), now)?;
     }
     let routing = hub.routing.clone();
     store.update_routing_config::<ferrohub_engine::StorageError>(move |r| {

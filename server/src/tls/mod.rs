@@ -151,11 +151,6 @@ pub fn server_config(cert: &Arc<ServerCertificate>) -> Result<Arc<ServerConfig>,
     )?))
 }
 
-/// MQTT over TLS (the same as [`server_config`]).
-pub fn mqtt_server_config(cert: &Arc<ServerCertificate>) -> Result<Arc<ServerConfig>, TlsError> {
-    server_config(cert)
-}
-
 /// MQTT over QUIC: TLS 1.3 only (QUIC requires it), ALPN `mqtt`. No 0-RTT data: a replayed
 /// CONNECT or PUBLISH would be accepted twice, so resumption is 1-RTT (session tickets from
 /// rustls' default cache).

@@ -10,7 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsConnector;
 
 use super::lean_tls::{LeanTlsAcceptor, LeanTlsStream};
-use crate::tls::{ensure_material, mqtt_server_config, ServerCertificate, TlsPaths};
+use crate::tls::{ensure_material, server_config, ServerCertificate, TlsPaths};
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -29,7 +29,7 @@ fn setup() -> Setup {
     }
     Setup {
         acceptor: LeanTlsAcceptor::new(
-            mqtt_server_config(&ServerCertificate::load(paths.generated()).unwrap()).unwrap(),
+            server_config(&ServerCertificate::load(paths.generated()).unwrap()).unwrap(),
         ),
         roots: Arc::new(roots),
         _dir: dir,
