@@ -330,6 +330,7 @@ def test_a_sigkill_in_the_middle_of_deliveries_loses_nothing_matched(sdk_hub, re
     ({"url": "https://x/", "signingKey": "c2hvcnQ="}, "webhook.signingKey"),
     ({"url": "https://x/", "timeoutSeconds": 0}, "webhook.timeoutSeconds"),
     ({"url": "https://x/", "deadLetterAfterSeconds": 1}, "webhook.deadLetterAfterSeconds"),
+    ({"url": "https://x/", "caCertificate": "not a certificate"}, "webhook.caCertificate"),
 ])
 def test_bad_targets_are_refused_with_the_field_named(sdk_hub, hook, field):
     r = sdk_hub.request("PUT", "/routing/endpoints/hook-bad", sdk_hub.token(),
@@ -434,3 +435,31 @@ def test_a_configuration_file_with_a_bad_webhook_stops_the_start(tmp_path):
     with pytest.raises(Exception):
         hub.start(["--config", str(config)], timeout=20)
     assert "missing.key" in hub.log_tail(40)
+
+
+def test_an_endpoint_deleted_and_made_again_at_once_delivers_all_its_partitions(sdk_hub, receiver):
+    """Deleted and made again within the delivery tasks' reconcile period, with the same target
+    but another partition count: every partition of the new endpoint delivers."""
+    key = base64.b64encode(os.urandom(32)).decode()
+    put_webhook_endpoint(sdk_hub, "hook-again", webhook(receiver, key), partitions=1)
+    put_route(sdk_hub, "to-hook-again", "kind = 'again'", ["hook-again"])
+    clients = [device(sdk_hub, f"wh-again-{i}") for i in range(6)]
+    try:
+        send(clients[0], "again", 1)
+        wait_for(receiver.received, lambda p: sequence_of(p, "wh-again-0", "again") == [0])
+        drop_routing(sdk_hub, ["to-hook-again"], ["hook-again"])
+        put_webhook_endpoint(sdk_hub, "hook-again", webhook(receiver, key), partitions=4)
+        put_route(sdk_hub, "to-hook-again", "kind = 'again'", ["hook-again"])
+        for c in clients:
+            send(c, "again", 3, start=1)
+        posts = wait_for(receiver.received, lambda p: all(
+            {1, 2, 3} <= set(sequence_of(p, f"wh-again-{i}", "again")) for i in range(6)), timeout=30)
+        for i in range(6):
+            assert {1, 2, 3} <= set(sequence_of(posts, f"wh-again-{i}", "again")), i
+        partitions = {int(p["headers"]["x-ferrohub-partition"]) for p in posts
+                      if json.loads(p["body"]).get("n", 0) >= 1}
+        assert len(partitions) > 1, partitions
+    finally:
+        for c in clients:
+            c.shutdown()
+        drop_routing(sdk_hub, ["to-hook-again"], ["hook-again"])

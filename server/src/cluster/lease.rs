@@ -98,22 +98,25 @@ impl WriterLease {
         let asked = Instant::now();
         let taken = match link.lease.create(LEASE_KEY, value.clone()).await {
             Ok(revision) => Some(revision),
-            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
-                match link.lease.entry(LEASE_KEY).await {
-                    Ok(Some(entry))
-                        if entry.operation == kv::Operation::Put
-                            && Holder::decode(&entry.value).is_some_and(|h| h.node == me.node) =>
-                    {
+            // Taken already, or a create racing this one won (the client then reports the
+            // conflict as another error): whoever holds it now decides.
+            Err(create_error) => match link.lease.entry(LEASE_KEY).await {
+                Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
+                    if Holder::decode(&entry.value).is_some_and(|h| h.node == me.node) {
                         link.lease
                             .update(LEASE_KEY, value.clone(), entry.revision)
                             .await
                             .ok()
+                    } else {
+                        None
                     }
-                    Ok(_) => None,
-                    Err(e) => return Err(ClusterError::nats("reading the writer lease", e)),
                 }
-            }
-            Err(e) => return Err(ClusterError::nats("taking the writer lease", e)),
+                Ok(_) if create_error.kind() == kv::CreateErrorKind::AlreadyExists => None,
+                Ok(_) => {
+                    return Err(ClusterError::nats("taking the writer lease", create_error));
+                }
+                Err(e) => return Err(ClusterError::nats("reading the writer lease", e)),
+            },
         };
         Ok(taken.map(|revision| WriterLease {
             bucket: link.lease.clone(),

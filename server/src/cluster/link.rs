@@ -370,15 +370,26 @@ async fn bucket(js: &jetstream::Context, config: kv::Config) -> Result<kv::Store
     }
 }
 
-/// Whether a stream's leader heard from enough of its replicas within `within` to make a
-/// majority with itself. A replica's `active` is the time since the leader last heard from it
-/// (its heartbeat answers arrive every second while all is well).
+/// Whether the answer came from a stream leader that heard from enough of its replicas within
+/// `within` (at least 3 s: replicas answer heartbeats about once a second) to make a majority
+/// with itself. A replica's `active` is the time since the leader last heard from it; 0 means
+/// never, unless the replica is also `current`. A leaderless stream's member answers with its
+/// own view (no leader, or itself among the replicas): that is no leader's answer.
 fn leader_has_majority(cluster: &stream::ClusterInfo, within: Duration) -> bool {
+    let within = within.max(Duration::from_secs(3));
+    let Some(leader) = cluster.leader.as_deref().filter(|l| !l.is_empty()) else {
+        return false;
+    };
+    if cluster.replicas.iter().any(|peer| peer.name == leader) {
+        return false;
+    }
     let members = cluster.replicas.len() + 1;
     let in_touch = cluster
         .replicas
         .iter()
-        .filter(|peer| !peer.offline && peer.active < within)
+        .filter(|peer| {
+            !peer.offline && peer.active < within && (peer.active > Duration::ZERO || peer.current)
+        })
         .count()
         + 1;
     in_touch * 2 > members
@@ -397,15 +408,23 @@ mod tests {
     }
 
     fn cluster(actives_ms: &[(u64, bool)]) -> async_nats::jetstream::stream::ClusterInfo {
+        led_by("n", actives_ms, true)
+    }
+
+    fn led_by(
+        leader: &str,
+        actives_ms: &[(u64, bool)],
+        current: bool,
+    ) -> async_nats::jetstream::stream::ClusterInfo {
         let replicas: Vec<_> = actives_ms
             .iter()
             .enumerate()
             .map(|(i, (ms, offline))| {
-                serde_json::json!({"name": format!("n{i}"), "current": true,
+                serde_json::json!({"name": format!("n{i}"), "current": current,
                                    "active": ms * 1_000_000, "offline": offline})
             })
             .collect();
-        serde_json::from_value(serde_json::json!({"leader": "n", "replicas": replicas})).unwrap()
+        serde_json::from_value(serde_json::json!({"leader": leader, "replicas": replicas})).unwrap()
     }
 
     #[test]
@@ -435,5 +454,25 @@ mod tests {
         ));
         // A single-server log (no replicas) is its own majority.
         assert!(super::leader_has_majority(&cluster(&[]), lease));
+        // A leaderless stream's member answering with its own view is no leader's answer.
+        assert!(!super::leader_has_majority(
+            &led_by("", &[(0, false), (0, false)], false),
+            lease
+        ));
+        assert!(!super::leader_has_majority(
+            &led_by("n0", &[(0, false), (100, false)], true),
+            lease
+        ));
+        // Replicas never heard from (active 0, not current) do not count.
+        assert!(!super::leader_has_majority(
+            &led_by("n", &[(0, false), (0, false)], false),
+            lease
+        ));
+        // A lease shorter than the heartbeat still counts replicas heard within 3 s.
+        let short = std::time::Duration::from_secs(1);
+        assert!(super::leader_has_majority(
+            &cluster(&[(1_500, false), (2_000, false)]),
+            short
+        ));
     }
 }

@@ -72,6 +72,9 @@ pub fn apply_config(
             .map(crate::config::WebhookConfig::target)
             .transpose()
             .map_err(invalid)?;
+        if let Some(ferrohub_engine::delivery::DeliveryTarget::Webhook(w)) = &delivery {
+            super::delivery::webhook::check(w).map_err(invalid)?;
+        }
         let stored = store
             .list_endpoints()
             .into_iter()

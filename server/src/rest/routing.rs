@@ -104,6 +104,15 @@ fn default_dead_letter_seconds() -> u64 {
 }
 
 impl WebhookJson {
+    /// The target, its CA certificate checked (the engine checks the rest).
+    fn checked_target(self) -> Result<DeliveryTarget, ApiError> {
+        let target = self.target();
+        let DeliveryTarget::Webhook(w) = &target;
+        crate::hub::delivery::webhook::check(w)
+            .map_err(|e| ApiError::argument(format!("webhook.{e}")))?;
+        Ok(target)
+    }
+
     fn target(self) -> DeliveryTarget {
         use base64::Engine as _;
         let key = self.signing_key.unwrap_or_else(|| {
@@ -331,7 +340,7 @@ async fn put_endpoint_handler(
     let call = CreateEndpoint {
         name: name.0.clone(),
         partitions: body.partition_count,
-        delivery: body.webhook.map(WebhookJson::target),
+        delivery: body.webhook.map(WebhookJson::checked_target).transpose()?,
         now: ctx.clock.now(),
     };
     let e = ctx.write(call).await?;
@@ -351,7 +360,7 @@ async fn put_webhook_handler(
     authorise(&p, true)?;
     let call = SetEndpointDelivery {
         name: name.0,
-        delivery: Some(body.target()),
+        delivery: Some(body.checked_target()?),
     };
     let e = ctx.write(call).await?;
     Ok(json(&endpoint_json(&e, true)))

@@ -13,7 +13,12 @@
 //!   the hub's retention like every endpoint's; what expires undelivered is counted
 //!   (`outcome="expired"`).
 //! - The set of tasks follows the stored endpoints within [`RECONCILE`]: a new or changed
-//!   target starts (or restarts) its tasks, a removed one stops them.
+//!   target, or an endpoint deleted and made again (another slot), starts (or restarts) its
+//!   tasks, a removed one stops them. A restart waits for the old tasks to end before the new
+//!   ones start, so two tasks never deliver one partition at once; a task that ended on its
+//!   own (a panic) is started again. A failed listing of the endpoints changes nothing.
+//! - At shutdown every task is awaited, so the last cursors are stored before the store
+//!   closes.
 
 pub mod health;
 pub mod webhook;
@@ -25,6 +30,8 @@ use std::time::Duration;
 
 use ferrohub_engine::delivery::DeliveryTarget;
 use ferrohub_engine::endpoints::Endpoint;
+use futures::FutureExt;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::HubContext;
@@ -33,61 +40,94 @@ pub use health::{DeliveryHealth, EndpointHealth, HealthStatus};
 /// How often the stored endpoints are compared with the running tasks.
 const RECONCILE: Duration = Duration::from_secs(1);
 
-/// The tasks of one delivered endpoint, and the target they deliver to.
+/// The tasks of one delivered endpoint, and what they deliver.
 struct Running {
-    target: DeliveryTarget,
+    endpoint: Endpoint,
     stop: CancellationToken,
+    tasks: JoinSet<()>,
+}
+
+impl Running {
+    /// Stops the tasks and waits until they ended (their cursors stored).
+    async fn stop(mut self) {
+        self.stop.cancel();
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Whether every task still runs (one that panicked ended).
+    fn intact(&self) -> bool {
+        self.tasks.len() == usize::from(self.endpoint.slot.partitions)
+    }
 }
 
 /// Keeps one task per partition of every endpoint with a target, until `shutdown`.
 pub async fn run(ctx: HubContext, shutdown: CancellationToken) {
     let mut running: HashMap<String, Running> = HashMap::new();
     loop {
-        let endpoints = match ctx
+        let listed = ctx
             .store
             .run(|s| Ok::<_, ferrohub_engine::StorageError>(s.list_endpoints()))
-            .await
-        {
-            Ok(e) => e,
+            .await;
+        match listed {
+            Ok(endpoints) => reconcile(&ctx, &mut running, endpoints, &shutdown).await,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot list endpoints to deliver");
-                Vec::new()
-            }
-        };
-        let wanted: HashMap<&str, &Endpoint> = endpoints
-            .iter()
-            .filter(|e| e.delivery.is_some())
-            .map(|e| (e.name.as_str(), e))
-            .collect();
-        running.retain(|name, r| {
-            let keep = wanted
-                .get(name.as_str())
-                .is_some_and(|e| e.delivery.as_ref() == Some(&r.target));
-            if !keep {
-                r.stop.cancel();
-            }
-            keep
-        });
-        for (name, endpoint) in &wanted {
-            if running.contains_key(*name) {
-                continue;
-            }
-            if let Some(r) = start(&ctx, endpoint, &shutdown) {
-                running.insert((*name).to_string(), r);
+                tracing::warn!(error = %e, "cannot list endpoints to deliver; keeping the tasks as they are")
             }
         }
-        ctx.delivery_health.retain(|e| wanted.contains_key(e));
         tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(RECONCILE) => {}
         }
     }
+    for (_, r) in running.drain() {
+        r.stop().await;
+    }
+}
+
+/// Makes the running tasks match the endpoints with a target.
+async fn reconcile(
+    ctx: &HubContext,
+    running: &mut HashMap<String, Running>,
+    endpoints: Vec<Endpoint>,
+    shutdown: &CancellationToken,
+) {
+    let wanted: HashMap<String, Endpoint> = endpoints
+        .into_iter()
+        .filter(|e| e.delivery.is_some())
+        .map(|e| (e.name.clone(), e))
+        .collect();
+    // Also joins the ended tasks of every endpoint kept, which `intact` then counts.
+    for r in running.values_mut() {
+        while let Some(Some(ended)) = r.tasks.join_next().now_or_never() {
+            if let Err(e) = ended {
+                tracing::error!(endpoint = %r.endpoint.name, error = %e, "a delivery task ended; starting it again");
+            }
+        }
+    }
+    let stale: Vec<String> = running
+        .iter()
+        .filter(|(name, r)| wanted.get(*name) != Some(&r.endpoint) || !r.intact())
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in stale {
+        if let Some(r) = running.remove(&name) {
+            r.stop().await;
+        }
+    }
+    for (name, endpoint) in &wanted {
+        if running.contains_key(name) {
+            continue;
+        }
+        if let Some(r) = start(ctx, endpoint, shutdown) {
+            running.insert(name.clone(), r);
+        }
+    }
+    ctx.delivery_health.retain(|e| wanted.contains_key(e));
 }
 
 /// Starts an endpoint's partition tasks; `None` (logged) when its target cannot be used.
 fn start(ctx: &HubContext, endpoint: &Endpoint, shutdown: &CancellationToken) -> Option<Running> {
-    let target = endpoint.delivery.clone()?;
-    let DeliveryTarget::Webhook(webhook) = &target;
+    let DeliveryTarget::Webhook(webhook) = endpoint.delivery.as_ref()?;
     let sender = match webhook::WebhookSender::new(&endpoint.name, webhook) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -96,6 +136,7 @@ fn start(ctx: &HubContext, endpoint: &Endpoint, shutdown: &CancellationToken) ->
         }
     };
     let stop = shutdown.child_token();
+    let mut tasks = JoinSet::new();
     for partition in endpoint.slot.base..endpoint.slot.base + endpoint.slot.partitions {
         let task = worker::PartitionDelivery {
             ctx: ctx.clone(),
@@ -105,8 +146,12 @@ fn start(ctx: &HubContext, endpoint: &Endpoint, shutdown: &CancellationToken) ->
             dead_letter_after: Duration::from_millis(webhook.dead_letter_after_ms),
             health: ctx.delivery_health.partition(&endpoint.name, partition),
         };
-        tokio::spawn(task.run(stop.clone()));
+        tasks.spawn(task.run(stop.clone()));
     }
     tracing::info!(endpoint = %endpoint.name, url = %webhook.url, "delivering to a webhook");
-    Some(Running { target, stop })
+    Some(Running {
+        endpoint: endpoint.clone(),
+        stop,
+        tasks,
+    })
 }

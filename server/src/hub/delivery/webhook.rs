@@ -54,9 +54,7 @@ impl WebhookSender {
             .pool_max_idle_per_host(4)
             .redirect(reqwest::redirect::Policy::none());
         if let Some(pem) = &target.ca_certificate {
-            for cert in reqwest::Certificate::from_pem_bundle(pem.as_bytes())
-                .map_err(|e| format!("CA certificate: {e}"))?
-            {
+            for cert in ca_certificates(pem)? {
                 builder = builder.add_root_certificate(cert);
             }
         }
@@ -117,6 +115,27 @@ impl WebhookSender {
         } else {
             Err(format!("the receiver answered {status}"))
         }
+    }
+}
+
+/// The certificates of a PEM bundle; at least one, or why not.
+fn ca_certificates(pem: &str) -> Result<Vec<reqwest::Certificate>, String> {
+    let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
+        .map_err(|e| format!("caCertificate: {e}"))?;
+    if certs.is_empty() {
+        return Err("caCertificate: no PEM certificate in it".into());
+    }
+    Ok(certs)
+}
+
+/// Checks what the engine's validation cannot: that the CA certificate, if any, parses.
+///
+/// # Errors
+/// Why it does not.
+pub fn check(target: &WebhookTarget) -> Result<(), String> {
+    match &target.ca_certificate {
+        Some(pem) => ca_certificates(pem).map(drop),
+        None => Ok(()),
     }
 }
 

@@ -67,8 +67,9 @@ impl PartitionDelivery {
                     Vec::new()
                 }
             };
-            if let Some(first) = events.first() {
-                // Retention deleted what was never delivered: said, not hidden.
+            if let Some(first) = events.first().filter(|_| next > 0) {
+                // Retention deleted what was never delivered: said, not hidden. (A partition
+                // never delivered from starts at its oldest event: nothing is counted.)
                 let lost = first.sequence_number.saturating_sub(next);
                 if lost > 0 {
                     tracing::warn!(endpoint = %self.endpoint, partition, lost, "events expired before they were delivered");
@@ -146,6 +147,7 @@ impl PartitionDelivery {
         let mut backoff = FIRST_BACKOFF;
         loop {
             let outcome = tokio::select! {
+                biased;
                 _ = stop.cancelled() => return Offered::Stopped,
                 outcome = self.sender.post(event) => outcome,
             };
@@ -175,6 +177,7 @@ impl PartitionDelivery {
                 }
             }
             tokio::select! {
+                biased;
                 _ = stop.cancelled() => return Offered::Stopped,
                 _ = tokio::time::sleep(backoff) => {}
             }
