@@ -151,10 +151,11 @@ copy_libraries() {
 # The Debian packages the test command needs, with one read of the package lists: the build's
 # compilers, the cluster's HAProxy and openssl, the browser, the tools that run end-to-end
 # groups side by side in network namespaces (iproute2, util-linux's unshare, procps), systemd's
-# systemd-analyze (packaging/ferrohub.service is verified with it), and the container tools.
+# systemd-analyze (packaging/ferrohub.service is verified with it), Mosquitto (an MQTT broker
+# endpoint's broker), and the container tools.
 ensure_test_packages() {
     ensure_apt libclang-dev clang g++ make haproxy curl openssl iptables chromium iproute2 util-linux procps \
-        systemd "${CONTAINER_PACKAGES[@]}"
+        systemd mosquitto "${CONTAINER_PACKAGES[@]}"
 }
 
 # The SDKs and servers the end-to-end suites drive (PyPI, npm, the pinned nats-server).

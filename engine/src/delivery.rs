@@ -23,6 +23,10 @@ use crate::keys;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DeliveryTarget {
     Webhook(WebhookTarget),
+    /// Published to a NATS JetStream stream (the stream must capture the subject).
+    Nats(BrokerTarget),
+    /// Published with QoS 1 to an MQTT 5 broker.
+    Mqtt(BrokerTarget),
 }
 
 /// An HTTP(S) receiver: each event is POSTed to `url` with its properties as headers and an
@@ -42,11 +46,62 @@ pub struct WebhookTarget {
     pub dead_letter_after_ms: u64,
 }
 
-/// Bounds of the webhook settings, in milliseconds.
+/// A message broker (NATS JetStream or MQTT): each event is published to `topic` with
+/// [`DEVICE_ID_PLACEHOLDER`] replaced by the sending device's id, and counts as delivered
+/// once the broker acknowledged it (a JetStream publish acknowledgement, an MQTT PUBACK).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerTarget {
+    /// `nats://` or `tls://` (NATS); `mqtt://` or `mqtts://` (MQTT).
+    pub url: String,
+    /// The NATS subject or MQTT topic, with `{deviceId}` in it.
+    pub topic: String,
+    pub username: Option<String>,
+    /// With a username, a password; without one (NATS only), a token.
+    pub password: Option<String>,
+    /// As [`WebhookTarget::ca_certificate`].
+    pub ca_certificate: Option<String>,
+    /// How long one publish may wait for the broker's acknowledgement.
+    pub timeout_ms: u64,
+    /// As [`WebhookTarget::dead_letter_after_ms`].
+    pub dead_letter_after_ms: u64,
+}
+
+/// Where a broker target's topic takes the device id.
+pub const DEVICE_ID_PLACEHOLDER: &str = "{deviceId}";
+
+/// Bounds of the delivery settings, in milliseconds (every kind of target).
 pub const WEBHOOK_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 1_000..=60_000;
 pub const WEBHOOK_DEAD_LETTER_MS: std::ops::RangeInclusive<u64> = 10_000..=7 * 24 * 3_600_000;
 
 impl DeliveryTarget {
+    /// The target's kind as the API names it (`webhook`, `nats`, `mqtt`).
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DeliveryTarget::Webhook(_) => "webhook",
+            DeliveryTarget::Nats(_) => "nats",
+            DeliveryTarget::Mqtt(_) => "mqtt",
+        }
+    }
+
+    /// How long an event is retried before it is dead-lettered.
+    #[must_use]
+    pub fn dead_letter_after_ms(&self) -> u64 {
+        match self {
+            DeliveryTarget::Webhook(w) => w.dead_letter_after_ms,
+            DeliveryTarget::Nats(b) | DeliveryTarget::Mqtt(b) => b.dead_letter_after_ms,
+        }
+    }
+
+    /// Where it delivers, without credentials (for logs).
+    #[must_use]
+    pub fn shown(&self) -> String {
+        match self {
+            DeliveryTarget::Webhook(w) => w.url.clone(),
+            DeliveryTarget::Nats(b) | DeliveryTarget::Mqtt(b) => format!("{} {}", b.url, b.topic),
+        }
+    }
+
     /// Checks what can be checked without reaching the receiver.
     ///
     /// # Errors
@@ -69,22 +124,117 @@ impl DeliveryTarget {
                         "must be base64 of 16 to 64 bytes",
                     ));
                 }
-                if !WEBHOOK_TIMEOUT_MS.contains(&w.timeout_ms) {
+                validate_times("webhook", w.timeout_ms, w.dead_letter_after_ms)
+            }
+            DeliveryTarget::Nats(b) => {
+                validate_broker("nats", b, &["nats://", "tls://"], &['*', '>'])?;
+                let subject = b.topic.replace(DEVICE_ID_PLACEHOLDER, "d");
+                if subject.starts_with('.') || subject.ends_with('.') || subject.contains("..") {
                     return Err(ValidationError::new(
-                        "webhook.timeoutSeconds",
-                        "must be 1 to 60",
+                        "nats.subject",
+                        "must not begin or end with '.' nor hold an empty token",
                     ));
                 }
-                if !WEBHOOK_DEAD_LETTER_MS.contains(&w.dead_letter_after_ms) {
+                Ok(())
+            }
+            DeliveryTarget::Mqtt(b) => {
+                validate_broker("mqtt", b, &["mqtt://", "mqtts://"], &['+', '#'])?;
+                if b.password.is_some() && b.username.is_none() {
                     return Err(ValidationError::new(
-                        "webhook.deadLetterAfterSeconds",
-                        "must be 10 to 604800 (7 days)",
+                        "mqtt.password",
+                        "needs a username (MQTT has no token)",
+                    ));
+                }
+                if b.topic.starts_with('$') {
+                    return Err(ValidationError::new(
+                        "mqtt.topic",
+                        "must not begin with '$' (the broker's own topics)",
                     ));
                 }
                 Ok(())
             }
         }
     }
+}
+
+/// What NATS and MQTT targets share: the URL's scheme, a topic that names the device and no
+/// wildcard, credentials of a sane size, the times.
+fn validate_broker(
+    kind: &'static str,
+    b: &BrokerTarget,
+    schemes: &[&str],
+    wildcards: &[char],
+) -> Result<(), ValidationError> {
+    let field = |name: &str| -> &'static str {
+        match (kind, name) {
+            ("nats", "url") => "nats.url",
+            ("nats", "topic") => "nats.subject",
+            ("nats", _) => "nats.username",
+            ("mqtt", "url") => "mqtt.url",
+            ("mqtt", "topic") => "mqtt.topic",
+            _ => "mqtt.username",
+        }
+    };
+    let url_ok = schemes.iter().any(|s| {
+        b.url
+            .strip_prefix(s)
+            .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'))
+    });
+    if !url_ok || b.url.len() > 2048 || b.url.chars().any(char::is_whitespace) {
+        return Err(ValidationError::new(
+            field("url"),
+            &format!(
+                "must be {} and host:port, without a path",
+                schemes.join(" or ")
+            ),
+        ));
+    }
+    let rest = b.topic.replace(DEVICE_ID_PLACEHOLDER, "");
+    if !b.topic.contains(DEVICE_ID_PLACEHOLDER)
+        || b.topic.len() > 256
+        || rest
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || wildcards.contains(&c))
+        || rest.contains(['{', '}'])
+    {
+        return Err(ValidationError::new(
+            field("topic"),
+            &format!(
+                "must hold {DEVICE_ID_PLACEHOLDER}, at most 256 characters, without spaces, braces or the wildcards {}",
+                wildcards.iter().collect::<String>()
+            ),
+        ));
+    }
+    let too_long = |v: &Option<String>| v.as_ref().is_some_and(|v| v.len() > 1024);
+    if too_long(&b.username) || too_long(&b.password) {
+        return Err(ValidationError::new(
+            field("username"),
+            "username and password are at most 1024 characters",
+        ));
+    }
+    validate_times(kind, b.timeout_ms, b.dead_letter_after_ms)
+}
+
+fn validate_times(
+    kind: &'static str,
+    timeout_ms: u64,
+    dead_letter_ms: u64,
+) -> Result<(), ValidationError> {
+    let (timeout_field, dead_letter_field) = match kind {
+        "nats" => ("nats.timeoutSeconds", "nats.deadLetterAfterSeconds"),
+        "mqtt" => ("mqtt.timeoutSeconds", "mqtt.deadLetterAfterSeconds"),
+        _ => ("webhook.timeoutSeconds", "webhook.deadLetterAfterSeconds"),
+    };
+    if !WEBHOOK_TIMEOUT_MS.contains(&timeout_ms) {
+        return Err(ValidationError::new(timeout_field, "must be 1 to 60"));
+    }
+    if !WEBHOOK_DEAD_LETTER_MS.contains(&dead_letter_ms) {
+        return Err(ValidationError::new(
+            dead_letter_field,
+            "must be 10 to 604800 (7 days)",
+        ));
+    }
+    Ok(())
 }
 
 const CURSOR_PREFIX: &[u8] = b"delivery/";
@@ -107,5 +257,95 @@ pub(crate) fn stage_delete_cursors(batch: &mut crate::raw::Batch, endpoint: &str
     let prefix = cursor_prefix(endpoint);
     if let Some(end) = keys::prefix_end(&prefix) {
         batch.delete_range(cf::D2C_STATE, prefix, end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn broker(url: &str, topic: &str) -> BrokerTarget {
+        BrokerTarget {
+            url: url.into(),
+            topic: topic.into(),
+            username: None,
+            password: None,
+            ca_certificate: None,
+            timeout_ms: 5_000,
+            dead_letter_after_ms: 60_000,
+        }
+    }
+
+    fn refused_field(target: DeliveryTarget) -> String {
+        match target.validate() {
+            Err(ValidationError::Invalid { field, .. }) => field.into_owned(),
+            Ok(()) => "accepted".into(),
+        }
+    }
+
+    #[test]
+    fn broker_targets_name_the_device_and_no_wildcard() {
+        let nats = |url: &str, subject: &str| DeliveryTarget::Nats(broker(url, subject));
+        let mqtt = |url: &str, topic: &str| DeliveryTarget::Mqtt(broker(url, topic));
+        assert!(nats("nats://127.0.0.1:4222", "hub.{deviceId}.telemetry")
+            .validate()
+            .is_ok());
+        assert!(nats("tls://n:4222", "{deviceId}").validate().is_ok());
+        assert!(mqtt("mqtts://b:8883", "hub/{deviceId}/telemetry")
+            .validate()
+            .is_ok());
+        assert_eq!(
+            refused_field(nats("http://n:4222", "a.{deviceId}")),
+            "nats.url"
+        );
+        assert_eq!(
+            refused_field(nats("nats://n:4222/x", "a.{deviceId}")),
+            "nats.url"
+        );
+        assert_eq!(
+            refused_field(nats("nats://n", "a.telemetry")),
+            "nats.subject"
+        );
+        assert_eq!(
+            refused_field(nats("nats://n", "a.*.{deviceId}")),
+            "nats.subject"
+        );
+        assert_eq!(
+            refused_field(nats("nats://n", "a..{deviceId}")),
+            "nats.subject"
+        );
+        assert_eq!(
+            refused_field(nats("nats://n", "{deviceId}.")),
+            "nats.subject"
+        );
+        assert_eq!(
+            refused_field(mqtt("mqtt://b", "a/#/{deviceId}")),
+            "mqtt.topic"
+        );
+        assert_eq!(
+            refused_field(mqtt("mqtt://b", "$SYS/{deviceId}")),
+            "mqtt.topic"
+        );
+        assert_eq!(
+            refused_field(mqtt("mqtt://b", "a/{device}/{deviceId}")),
+            "mqtt.topic"
+        );
+        assert_eq!(refused_field(mqtt("nats://b", "a/{deviceId}")), "mqtt.url");
+        let mut token_only = broker("mqtt://b", "a/{deviceId}");
+        token_only.password = Some("p".into());
+        assert_eq!(
+            refused_field(DeliveryTarget::Mqtt(token_only.clone())),
+            "mqtt.password"
+        );
+        assert_eq!(
+            refused_field(DeliveryTarget::Nats(broker("nats://b", "a.{deviceId}"))),
+            "accepted"
+        );
+        token_only.timeout_ms = 0;
+        token_only.username = Some("u".into());
+        assert_eq!(
+            refused_field(DeliveryTarget::Mqtt(token_only)),
+            "mqtt.timeoutSeconds"
+        );
     }
 }

@@ -189,7 +189,9 @@ fn a_delivered_endpoint_keeps_its_target_and_cursors_until_it_goes() {
             store.create_endpoint_delivering("bad", 1, Some(bad.clone()), UnixMillis(0)),
             Err(D2cError::Invalid(_))
         ));
-        let ferrohub_engine::delivery::DeliveryTarget::Webhook(w) = &mut bad;
+        let ferrohub_engine::delivery::DeliveryTarget::Webhook(w) = &mut bad else {
+            unreachable!("made as a webhook")
+        };
         w.url = "https://r/".into();
         w.signing_key = "c2hvcnQ=".into();
         assert!(store.set_endpoint_delivery("plain", Some(bad)).is_err());

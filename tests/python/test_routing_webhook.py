@@ -37,6 +37,7 @@ import pytest
 from azure.iot.device import IoTHubDeviceClient, Message
 
 import certs
+from deliverykit import device, drop_routing, health, put_route, wait_for
 
 CLUSTER = os.environ.get("FERROHUB_TEST_CLUSTER") == "1"
 
@@ -112,33 +113,6 @@ def put_webhook_endpoint(hub, name: str, hook: dict, partitions: int = 2) -> dic
     return r.json()
 
 
-def put_route(hub, name: str, condition: str, endpoints: list[str]):
-    r = hub.request("PUT", f"/routing/routes/{name}", hub.token(),
-                    json={"source": "DeviceMessages", "condition": condition, "endpointNames": endpoints})
-    assert r.status_code == 200, r.text
-
-
-def drop_routing(hub, routes: list[str], endpoints: list[str]):
-    for r in routes:
-        hub.request("DELETE", f"/routing/routes/{r}", hub.token())
-    for e in endpoints:
-        hub.request("DELETE", f"/routing/endpoints/{e}", hub.token())
-
-
-def health(hub) -> dict:
-    r = hub.request("GET", "/routing/endpointsHealth", hub.token())
-    assert r.status_code == 200, r.text
-    return {h["endpointId"]: h for h in r.json()["value"]}
-
-
-def device(hub, device_id: str) -> IoTHubDeviceClient:
-    hub.request("PUT", f"/devices/{device_id}", hub.token(), json={"deviceId": device_id})
-    client = IoTHubDeviceClient.create_from_connection_string(
-        hub.device_connection_string(device_id), server_verification_cert=Path(hub.ca).read_text())
-    client.connect()
-    return client
-
-
 def send(client: IoTHubDeviceClient, kind: str, n: int, start: int = 0, **props):
     for i in range(start, start + n):
         m = Message(json.dumps({"kind": kind, "n": i}))
@@ -166,16 +140,6 @@ def in_order_without_gaps(seen: list[int], n: int) -> bool:
         if x not in firsts:
             firsts.append(x)
     return firsts == list(range(n))
-
-
-def wait_for(what, done, timeout=60.0, interval=0.2):
-    deadline = time.time() + timeout
-    while True:
-        value = what()
-        if done(value):
-            return value
-        assert time.time() < deadline, f"timed out; last: {value!r}"[:3000]
-        time.sleep(interval)
 
 
 @pytest.fixture

@@ -11,12 +11,12 @@ use serde::Deserialize;
 
 mod backup;
 mod cluster;
+mod targets;
 mod tls;
-mod webhook;
 pub use backup::BackupSection;
 pub use cluster::ClusterSection;
+pub use targets::{BrokerConfig, WebhookConfig};
 pub use tls::TlsSection;
-pub use webhook::WebhookConfig;
 
 pub mod defaults {
     use std::time::Duration;
@@ -271,9 +271,37 @@ pub struct RoutingSection {
 pub struct EndpointConfig {
     pub name: String,
     pub partitions: u16,
-    /// Delivers the endpoint's events to a webhook (docs/routing.md); when absent, a target
-    /// the REST API set is kept.
+    /// Delivers the endpoint's events to a webhook (docs/routing.md); when no target is
+    /// configured, a target the REST API set is kept.
     pub webhook: Option<WebhookConfig>,
+    /// Delivers them to a NATS JetStream stream instead.
+    pub nats: Option<BrokerConfig>,
+    /// Delivers them to an MQTT broker instead.
+    pub mqtt: Option<BrokerConfig>,
+}
+
+impl EndpointConfig {
+    /// The configured target, its files read; `None` when none is configured.
+    ///
+    /// # Errors
+    /// More than one target, or one that cannot be read.
+    pub fn target(&self) -> Result<Option<ferrohub_engine::delivery::DeliveryTarget>, String> {
+        let configured = [
+            self.webhook.is_some(),
+            self.nats.is_some(),
+            self.mqtt.is_some(),
+        ];
+        if configured.iter().filter(|c| **c).count() > 1 {
+            return Err("give one of webhook, nats or mqtt".into());
+        }
+        if let Some(w) = &self.webhook {
+            return w.target().map(Some);
+        }
+        if let Some(b) = &self.nats {
+            return b.target(true).map(Some);
+        }
+        self.mqtt.as_ref().map(|b| b.target(false)).transpose()
+    }
 }
 
 fn yes() -> bool {

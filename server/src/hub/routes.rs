@@ -66,14 +66,9 @@ pub fn apply_config(
 ) -> Result<(), RouteError> {
     for e in &section.endpoints {
         let invalid = |err: String| RouteError::Invalid(format!("endpoint {}: {err}", e.name));
-        let delivery = e
-            .webhook
-            .as_ref()
-            .map(crate::config::WebhookConfig::target)
-            .transpose()
-            .map_err(invalid)?;
-        if let Some(ferrohub_engine::delivery::DeliveryTarget::Webhook(w)) = &delivery {
-            super::delivery::webhook::check(w).map_err(invalid)?;
+        let delivery = e.target().map_err(invalid)?;
+        if let Some(target) = &delivery {
+            super::delivery::sender::check(target).map_err(invalid)?;
         }
         let stored = store
             .list_endpoints()

@@ -22,6 +22,7 @@ pub(crate) mod provisioning;
 mod query;
 pub mod reply;
 mod routing;
+mod routing_targets;
 mod scheduled_jobs;
 mod statistics;
 mod telemetry;

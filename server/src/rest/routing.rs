@@ -5,11 +5,10 @@
 //! - `PUT|DELETE /routing/routes/{name}`, `PUT /routing/fallback`,
 //!   `PUT|DELETE /routing/enrichments/{key}`, `PUT|DELETE /routing/endpoints/{name}`
 //!   (RegistryWrite).
-//! - `PUT|DELETE /routing/endpoints/{name}/webhook` (RegistryWrite): where a custom
+//! - `PUT|DELETE /routing/endpoints/{name}/{webhook|nats|mqtt}` (RegistryWrite): where a custom
 //!   endpoint's events are delivered outside the hub; `GET /routing/endpointsHealth`
 //!   (RegistryRead): how those deliveries fare, as IoT Hub's `routingEndpointsHealth`.
 
-use ferrohub_engine::delivery::{DeliveryTarget, WebhookTarget};
 use ferrohub_engine::endpoints::{Endpoint, BUILTIN_ENDPOINT};
 use ferrohub_engine::model::UnixMillis;
 use ferrohub_engine::notifications::EventSource;
@@ -22,6 +21,7 @@ use warp::Filter;
 
 use super::error::ApiError;
 use super::reply::{json, json_with_status, no_content, one_of, Handled, Response};
+use super::routing_targets::{TargetJson, KINDS};
 use super::{caller, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
 use crate::hub::calls::{
@@ -73,77 +73,16 @@ struct EndpointJson {
     #[serde(default)]
     name: String,
     partition_count: u16,
-    /// Where the endpoint's events are delivered outside the hub.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    webhook: Option<WebhookJson>,
-}
-
-/// A webhook target as the API shows it: in seconds, and the signing key only in the answer
-/// to the request that set it (a reader of the configuration does not get it).
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct WebhookJson {
-    url: String,
-    /// Base64 of 16 to 64 bytes; made (32 random bytes) when not given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    signing_key: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    ca_certificate: Option<String>,
-    #[serde(default = "default_timeout_seconds")]
-    timeout_seconds: u64,
-    #[serde(default = "default_dead_letter_seconds")]
-    dead_letter_after_seconds: u64,
-}
-
-fn default_timeout_seconds() -> u64 {
-    10
-}
-
-fn default_dead_letter_seconds() -> u64 {
-    3600
-}
-
-impl WebhookJson {
-    /// The target, its CA certificate checked (the engine checks the rest).
-    fn checked_target(self) -> Result<DeliveryTarget, ApiError> {
-        let target = self.target();
-        let DeliveryTarget::Webhook(w) = &target;
-        crate::hub::delivery::webhook::check(w)
-            .map_err(|e| ApiError::argument(format!("webhook.{e}")))?;
-        Ok(target)
-    }
-
-    fn target(self) -> DeliveryTarget {
-        use base64::Engine as _;
-        let key = self.signing_key.unwrap_or_else(|| {
-            base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 32]>())
-        });
-        DeliveryTarget::Webhook(WebhookTarget {
-            url: self.url,
-            signing_key: key,
-            ca_certificate: self.ca_certificate,
-            timeout_ms: self.timeout_seconds.saturating_mul(1000),
-            dead_letter_after_ms: self.dead_letter_after_seconds.saturating_mul(1000),
-        })
-    }
-
-    fn shown(target: &DeliveryTarget, with_key: bool) -> WebhookJson {
-        let DeliveryTarget::Webhook(w) = target;
-        WebhookJson {
-            url: w.url.clone(),
-            signing_key: with_key.then(|| w.signing_key.clone()),
-            ca_certificate: w.ca_certificate.clone(),
-            timeout_seconds: w.timeout_ms / 1000,
-            dead_letter_after_seconds: w.dead_letter_after_ms / 1000,
-        }
-    }
+    /// Where the endpoint's events are delivered outside the hub (at most one).
+    #[serde(flatten)]
+    target: TargetJson,
 }
 
 fn endpoint_json(e: &Endpoint, with_key: bool) -> EndpointJson {
     EndpointJson {
         name: e.name.clone(),
         partition_count: e.slot.partitions,
-        webhook: e.delivery.as_ref().map(|t| WebhookJson::shown(t, with_key)),
+        target: TargetJson::shown(e.delivery.as_ref(), with_key),
     }
 }
 
@@ -173,7 +112,7 @@ fn endpoints_json(store: &ferrohub_engine::Store) -> Vec<EndpointJson> {
     let mut endpoints = vec![EndpointJson {
         name: BUILTIN_ENDPOINT.into(),
         partition_count: builtin,
-        webhook: None,
+        target: TargetJson::default(),
     }];
     endpoints.extend(
         store
@@ -215,7 +154,7 @@ pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
     let route = || warp::path!("routing" / "routes" / PathId);
     let enrichment = || warp::path!("routing" / "enrichments" / PathId);
     let endpoint = || warp::path!("routing" / "endpoints" / PathId);
-    let webhook = || warp::path!("routing" / "endpoints" / PathId / "webhook");
+    let target = || warp::path!("routing" / "endpoints" / PathId / String);
     one_of([
         warp::path!("routing").and(warp::get()).and(caller()).then(get_handler).boxed(),
         route().and(warp::put()).and(caller()).and(json_body()).then(put_item_handler::<Route>).boxed(),
@@ -225,8 +164,8 @@ pub fn routes(ctx: Context) -> BoxedFilter<(Response,)> {
         enrichment().and(warp::delete()).and(caller()).then(delete_item_handler::<Enrichment>).boxed(),
         endpoint().and(warp::put()).and(caller()).and(json_body()).then(put_endpoint_handler).boxed(),
         endpoint().and(warp::delete()).and(caller()).then(delete_endpoint_handler).boxed(),
-        webhook().and(warp::put()).and(caller()).and(json_body()).then(put_webhook_handler).boxed(),
-        webhook().and(warp::delete()).and(caller()).then(delete_webhook_handler).boxed(),
+        target().and(warp::put()).and(caller()).and(json_body()).then(put_target_handler).boxed(),
+        target().and(warp::delete()).and(caller()).then(delete_target_handler).boxed(),
         warp::path!("routing" / "endpointsHealth").and(warp::get()).and(caller()).then(health_handler).boxed(),
     ])
 }
@@ -340,7 +279,7 @@ async fn put_endpoint_handler(
     let call = CreateEndpoint {
         name: name.0.clone(),
         partitions: body.partition_count,
-        delivery: body.webhook.map(WebhookJson::checked_target).transpose()?,
+        delivery: body.target.checked_target()?,
         now: ctx.clock.now(),
     };
     let e = ctx.write(call).await?;
@@ -350,24 +289,57 @@ async fn put_endpoint_handler(
     ))
 }
 
-/// Sets where an existing endpoint's events are delivered; its events stay.
-async fn put_webhook_handler(
+/// `webhook`, `nats` or `mqtt`, as the path names it; 404 for anything else.
+fn target_kind(kind: &str) -> Result<&'static str, ApiError> {
+    KINDS.into_iter().find(|k| *k == kind).ok_or_else(|| {
+        ApiError::NotFound(format!(
+            "/routing/endpoints/{{name}}/{kind}: not a target kind (webhook, nats, mqtt)"
+        ))
+    })
+}
+
+/// Sets where an existing endpoint's events are delivered (replacing any target it had);
+/// its events stay.
+async fn put_target_handler(
     name: PathId,
+    kind: String,
     ctx: Context,
     p: Principal,
-    body: WebhookJson,
+    body: serde_json::Value,
 ) -> Handled {
     authorise(&p, true)?;
+    let kind = target_kind(&kind)?;
     let call = SetEndpointDelivery {
         name: name.0,
-        delivery: Some(body.checked_target()?),
+        delivery: TargetJson::of_kind(kind, body)?.checked_target()?,
     };
     let e = ctx.write(call).await?;
     Ok(json(&endpoint_json(&e, true)))
 }
 
-async fn delete_webhook_handler(name: PathId, ctx: Context, p: Principal) -> Handled {
+/// Removes the endpoint's target when it is of the kind the path names (404 otherwise); the
+/// endpoint and its events stay.
+async fn delete_target_handler(name: PathId, kind: String, ctx: Context, p: Principal) -> Handled {
     authorise(&p, true)?;
+    let kind = target_kind(&kind)?;
+    let endpoint = name.0.clone();
+    let current = ctx
+        .store
+        .run(move |s| {
+            Ok::<_, RouteError>(
+                s.list_endpoints()
+                    .into_iter()
+                    .find(|e| e.name == endpoint)
+                    .and_then(|e| e.delivery.map(|t| t.kind())),
+            )
+        })
+        .await?;
+    if current != Some(kind) {
+        return Err(ApiError::NotFound(format!(
+            "endpoint {} has no {kind} target",
+            name.0
+        )));
+    }
     let call = SetEndpointDelivery {
         name: name.0,
         delivery: None,

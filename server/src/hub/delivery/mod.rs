@@ -20,15 +20,18 @@
 //! - At shutdown every task is awaited, so the last cursors are stored before the store
 //!   closes.
 
+mod client_tls;
+mod headers;
 pub mod health;
+mod mqtt;
+mod nats;
+pub mod sender;
 pub mod webhook;
 mod worker;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use ferrohub_engine::delivery::DeliveryTarget;
 use ferrohub_engine::endpoints::Endpoint;
 use futures::FutureExt;
 use tokio::task::JoinSet;
@@ -118,7 +121,7 @@ async fn reconcile(
         if running.contains_key(name) {
             continue;
         }
-        if let Some(r) = start(ctx, endpoint, shutdown) {
+        if let Some(r) = start(ctx, endpoint, shutdown).await {
             running.insert(name.clone(), r);
         }
     }
@@ -126,29 +129,33 @@ async fn reconcile(
 }
 
 /// Starts an endpoint's partition tasks; `None` (logged) when its target cannot be used.
-fn start(ctx: &HubContext, endpoint: &Endpoint, shutdown: &CancellationToken) -> Option<Running> {
-    let DeliveryTarget::Webhook(webhook) = endpoint.delivery.as_ref()?;
-    let sender = match webhook::WebhookSender::new(&endpoint.name, webhook) {
-        Ok(s) => Arc::new(s),
+async fn start(
+    ctx: &HubContext,
+    endpoint: &Endpoint,
+    shutdown: &CancellationToken,
+) -> Option<Running> {
+    let target = endpoint.delivery.as_ref()?;
+    let senders = match sender::for_partitions(endpoint).await {
+        Ok(s) => s,
         Err(e) => {
-            tracing::error!(endpoint = %endpoint.name, error = %e, "cannot deliver to this endpoint's webhook");
+            tracing::error!(endpoint = %endpoint.name, error = %e, "cannot deliver to this endpoint's target");
             return None;
         }
     };
     let stop = shutdown.child_token();
     let mut tasks = JoinSet::new();
-    for partition in endpoint.slot.base..endpoint.slot.base + endpoint.slot.partitions {
+    for (partition, sender) in senders {
         let task = worker::PartitionDelivery {
             ctx: ctx.clone(),
             endpoint: endpoint.name.clone(),
             partition,
-            sender: Arc::clone(&sender),
-            dead_letter_after: Duration::from_millis(webhook.dead_letter_after_ms),
+            sender,
+            dead_letter_after: Duration::from_millis(target.dead_letter_after_ms()),
             health: ctx.delivery_health.partition(&endpoint.name, partition),
         };
         tasks.spawn(task.run(stop.clone()));
     }
-    tracing::info!(endpoint = %endpoint.name, url = %webhook.url, "delivering to a webhook");
+    tracing::info!(endpoint = %endpoint.name, kind = target.kind(), to = %target.shown(), "delivering outside the hub");
     Some(Running {
         endpoint: endpoint.clone(),
         stop,

@@ -23,15 +23,7 @@ use base64::Engine as _;
 use ferrohub_engine::d2c::D2cEvent;
 use ferrohub_engine::delivery::WebhookTarget;
 use hmac::{Hmac, Mac};
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use sha2::Sha256;
-
-/// Kept as is in an encoded property: RFC 3986's unreserved characters.
-const ENCODED: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
 
 /// A client for one webhook target.
 pub struct WebhookSender {
@@ -72,39 +64,16 @@ impl WebhookSender {
     /// # Errors
     /// What went wrong, for the endpoint's health and the log.
     pub async fn post(&self, event: &D2cEvent) -> Result<(), String> {
+        let headers = super::headers::of(&self.endpoint, event);
         let mut request = self
             .client
             .post(&self.url)
-            .header("x-ferrohub-endpoint", &self.endpoint)
-            .header("x-ferrohub-partition", event.partition.to_string())
-            .header(
-                "x-ferrohub-sequence-number",
-                event.sequence_number.to_string(),
-            )
-            .header("x-ferrohub-signature", signature(&self.key, &event.body))
-            .header(
-                "iothub-enqueuedtime",
-                crate::hub::twin_rows::format_time(Some(event.enqueued_time)),
-            );
-        let mut content_type = "application/octet-stream".to_string();
-        for (name, value) in &event.system_properties {
-            match name.as_str() {
-                "content-type" => content_type.clone_from(value),
-                "content-encoding" => request = request.header("iothub-content-encoding", value),
-                _ => {
-                    // A value a header cannot carry goes percent-encoded rather than dropped.
-                    request = match reqwest::header::HeaderValue::from_str(value) {
-                        Ok(v) => request.header(name.as_str(), v),
-                        Err(_) => request.header(name.as_str(), encode(value)),
-                    }
-                }
-            }
-        }
-        for (name, value) in &event.application_properties {
-            request = request.header(format!("x-property-{}", encode(name)), encode(value));
+            .header("x-ferrohub-signature", signature(&self.key, &event.body));
+        for (name, value) in headers.pairs {
+            request = request.header(name, value);
         }
         let answer = request
-            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .header(reqwest::header::CONTENT_TYPE, headers.content_type)
             .body(event.body.clone())
             .send()
             .await
@@ -137,10 +106,6 @@ pub fn check(target: &WebhookTarget) -> Result<(), String> {
         Some(pem) => ca_certificates(pem).map(drop),
         None => Ok(()),
     }
-}
-
-fn encode(text: &str) -> String {
-    utf8_percent_encode(text, ENCODED).to_string()
 }
 
 /// `sha256=` and the hex HMAC-SHA256 of `body` with `key`.
@@ -183,11 +148,5 @@ mod tests {
             super::signature(b"Jefe", b"what do ya want for nothing?"),
             "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
-    }
-
-    #[test]
-    fn property_names_and_values_are_percent_encoded() {
-        assert_eq!(super::encode("temp °C/x y"), "temp%20%C2%B0C%2Fx%20y");
-        assert_eq!(super::encode("a-b.c_d~e"), "a-b.c_d~e");
     }
 }

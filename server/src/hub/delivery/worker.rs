@@ -18,7 +18,7 @@ use ferrohub_engine::d2c::{D2cEvent, ReadPosition};
 use tokio_util::sync::CancellationToken;
 
 use super::health::PartitionHealth;
-use super::webhook::WebhookSender;
+use super::sender::Sender;
 use crate::hub::HubContext;
 
 /// Events read per pass.
@@ -33,7 +33,7 @@ pub struct PartitionDelivery {
     pub ctx: HubContext,
     pub endpoint: String,
     pub partition: u16,
-    pub sender: Arc<WebhookSender>,
+    pub sender: Sender,
     pub dead_letter_after: Duration,
     pub health: Arc<PartitionHealth>,
 }
