@@ -27,7 +27,78 @@ pub enum DeliveryTarget {
     Nats(BrokerTarget),
     /// Published with QoS 1 to an MQTT 5 broker.
     Mqtt(BrokerTarget),
+    /// Written in batches to blobs of an Azure Storage container, as IoT Hub's storage
+    /// endpoints write them.
+    Storage(StorageTarget),
 }
+
+/// An Azure Storage container (or the emulator), written as IoT Hub writes its storage
+/// endpoints: one blob per partition per batch, named by `file_name_format`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StorageTarget {
+    /// `AccountName`, `AccountKey`, and `BlobEndpoint` or `DefaultEndpointsProtocol` /
+    /// `EndpointSuffix`.
+    pub connection_string: String,
+    pub container_name: String,
+    pub encoding: StorageEncoding,
+    /// With every one of [`FILE_NAME_TOKENS`].
+    pub file_name_format: String,
+    /// A batch is written this long after its first message was enqueued...
+    pub batch_frequency_secs: u32,
+    /// ...or once it holds this many bytes, whichever comes first.
+    pub max_chunk_size_bytes: u64,
+}
+
+/// How a storage endpoint writes its blobs (IoT Hub's `encoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StorageEncoding {
+    /// An Avro object container file, blocks uncompressed.
+    Avro,
+    /// The same with deflate-compressed blocks.
+    AvroDeflate,
+    /// One JSON object per line.
+    Json,
+}
+
+impl StorageEncoding {
+    /// IoT Hub's name for it (`avro`, `avroDeflate`, `json`).
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageEncoding::Avro => "avro",
+            StorageEncoding::AvroDeflate => "avroDeflate",
+            StorageEncoding::Json => "json",
+        }
+    }
+
+    /// From IoT Hub's name, in any case.
+    #[must_use]
+    pub fn parse(name: &str) -> Option<StorageEncoding> {
+        [
+            StorageEncoding::Avro,
+            StorageEncoding::AvroDeflate,
+            StorageEncoding::Json,
+        ]
+        .into_iter()
+        .find(|e| e.name().eq_ignore_ascii_case(name))
+    }
+}
+
+/// What a storage endpoint's file name format must hold, as IoT Hub requires.
+pub const FILE_NAME_TOKENS: [&str; 7] = [
+    "{iothub}",
+    "{partition}",
+    "{YYYY}",
+    "{MM}",
+    "{DD}",
+    "{HH}",
+    "{mm}",
+];
+/// IoT Hub's default file name format.
+pub const DEFAULT_FILE_NAME_FORMAT: &str = "{iothub}/{partition}/{YYYY}/{MM}/{DD}/{HH}/{mm}";
+/// IoT Hub's limits, in seconds and bytes.
+pub const BATCH_FREQUENCY_SECS: std::ops::RangeInclusive<u32> = 60..=720;
+pub const MAX_CHUNK_SIZE_BYTES: std::ops::RangeInclusive<u64> = 10_485_760..=524_288_000;
 
 /// An HTTP(S) receiver: each event is POSTed to `url` with its properties as headers and an
 /// HMAC-SHA256 signature of the body made with `signing_key`.
@@ -81,6 +152,7 @@ impl DeliveryTarget {
             DeliveryTarget::Webhook(_) => "webhook",
             DeliveryTarget::Nats(_) => "nats",
             DeliveryTarget::Mqtt(_) => "mqtt",
+            DeliveryTarget::Storage(_) => "storageContainer",
         }
     }
 
@@ -90,6 +162,8 @@ impl DeliveryTarget {
         match self {
             DeliveryTarget::Webhook(w) => w.dead_letter_after_ms,
             DeliveryTarget::Nats(b) | DeliveryTarget::Mqtt(b) => b.dead_letter_after_ms,
+            // A batch is retried until it is written: what waits stays bounded by retention.
+            DeliveryTarget::Storage(_) => *WEBHOOK_DEAD_LETTER_MS.end(),
         }
     }
 
@@ -99,6 +173,9 @@ impl DeliveryTarget {
         match self {
             DeliveryTarget::Webhook(w) => w.url.clone(),
             DeliveryTarget::Nats(b) | DeliveryTarget::Mqtt(b) => format!("{} {}", b.url, b.topic),
+            DeliveryTarget::Storage(s) => {
+                format!("container {} ({})", s.container_name, s.encoding.name())
+            }
         }
     }
 
@@ -135,6 +212,12 @@ impl DeliveryTarget {
                         "must not begin or end with '.' nor hold an empty token",
                     ));
                 }
+                if b.topic.starts_with('$') || b.topic.starts_with("_INBOX") {
+                    return Err(ValidationError::new(
+                        "nats.subject",
+                        "must not begin with '$' or '_INBOX' (the server's own subjects)",
+                    ));
+                }
                 Ok(())
             }
             DeliveryTarget::Mqtt(b) => {
@@ -153,8 +236,67 @@ impl DeliveryTarget {
                 }
                 Ok(())
             }
+            DeliveryTarget::Storage(s) => validate_storage(s),
         }
     }
+}
+
+/// IoT Hub's rules for a storage container endpoint.
+fn validate_storage(s: &StorageTarget) -> Result<(), ValidationError> {
+    let has = |key: &str| {
+        s.connection_string
+            .split(';')
+            .filter_map(|p| p.split_once('='))
+            .any(|(k, v)| k.trim().eq_ignore_ascii_case(key) && !v.trim().is_empty())
+    };
+    if !has("AccountName") || !has("AccountKey") {
+        return Err(ValidationError::new(
+            "storageContainer.connectionString",
+            "must be an Azure Storage connection string with AccountName and AccountKey",
+        ));
+    }
+    let name = &s.container_name;
+    let name_ok = (3..=63).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.contains("--");
+    if !name_ok {
+        return Err(ValidationError::new(
+            "storageContainer.containerName",
+            "must be 3 to 63 lowercase letters, digits and single hyphens, beginning and ending with a letter or digit",
+        ));
+    }
+    let missing: Vec<&str> = FILE_NAME_TOKENS
+        .iter()
+        .copied()
+        .filter(|t| !s.file_name_format.contains(t))
+        .collect();
+    if !missing.is_empty() || s.file_name_format.len() > 512 {
+        return Err(ValidationError::new(
+            "storageContainer.fileNameFormat",
+            format!(
+                "must hold every one of {} (missing: {}), at most 512 characters",
+                FILE_NAME_TOKENS.join(" "),
+                missing.join(" ")
+            ),
+        ));
+    }
+    if !BATCH_FREQUENCY_SECS.contains(&s.batch_frequency_secs) {
+        return Err(ValidationError::new(
+            "storageContainer.batchFrequencyInSeconds",
+            "must be 60 to 720",
+        ));
+    }
+    if !MAX_CHUNK_SIZE_BYTES.contains(&s.max_chunk_size_bytes) {
+        return Err(ValidationError::new(
+            "storageContainer.maxChunkSizeInBytes",
+            "must be 10485760 to 524288000 (10 to 500 MB)",
+        ));
+    }
+    Ok(())
 }
 
 /// What NATS and MQTT targets share: the URL's scheme, a topic that names the device and no
@@ -175,16 +317,17 @@ fn validate_broker(
             _ => "mqtt.username",
         }
     };
+    // Credentials go in their own fields: a URL holding them would show them back.
     let url_ok = schemes.iter().any(|s| {
         b.url
             .strip_prefix(s)
-            .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'))
+            .is_some_and(|rest| !rest.is_empty() && !rest.contains(['/', '@', '?', '#']))
     });
     if !url_ok || b.url.len() > 2048 || b.url.chars().any(char::is_whitespace) {
         return Err(ValidationError::new(
             field("url"),
             &format!(
-                "must be {} and host:port, without a path",
+                "must be {} and host:port, without a path or credentials",
                 schemes.join(" or ")
             ),
         ));
@@ -319,6 +462,14 @@ mod tests {
             "nats.subject"
         );
         assert_eq!(
+            refused_field(nats("nats://n", "$JS.API.{deviceId}")),
+            "nats.subject"
+        );
+        assert_eq!(
+            refused_field(nats("nats://u:p@n", "a.{deviceId}")),
+            "nats.url"
+        );
+        assert_eq!(
             refused_field(mqtt("mqtt://b", "a/#/{deviceId}")),
             "mqtt.topic"
         );
@@ -341,6 +492,61 @@ mod tests {
             refused_field(DeliveryTarget::Nats(broker("nats://b", "a.{deviceId}"))),
             "accepted"
         );
+        let storage = StorageTarget {
+            connection_string: "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=a2V5"
+                .into(),
+            container_name: "archive-1".into(),
+            encoding: StorageEncoding::Avro,
+            file_name_format: DEFAULT_FILE_NAME_FORMAT.into(),
+            batch_frequency_secs: 300,
+            max_chunk_size_bytes: 314_572_800,
+        };
+        assert_eq!(
+            refused_field(DeliveryTarget::Storage(storage.clone())),
+            "accepted"
+        );
+        let with = |change: fn(&mut StorageTarget)| {
+            let mut s = storage.clone();
+            change(&mut s);
+            refused_field(DeliveryTarget::Storage(s))
+        };
+        assert_eq!(
+            with(|s| s.connection_string = "AccountName=a".into()),
+            "storageContainer.connectionString"
+        );
+        assert_eq!(
+            with(|s| s.container_name = "Archive".into()),
+            "storageContainer.containerName"
+        );
+        assert_eq!(
+            with(|s| s.container_name = "a--b".into()),
+            "storageContainer.containerName"
+        );
+        assert_eq!(
+            with(|s| s.file_name_format = "{iothub}/{partition}/{YYYY}/{MM}/{DD}/{HH}".into()),
+            "storageContainer.fileNameFormat"
+        );
+        assert_eq!(
+            with(|s| s.file_name_format = "{mm}{HH}{DD}{MM}{YYYY}{partition}{iothub}.avro".into()),
+            "accepted"
+        );
+        assert_eq!(
+            with(|s| s.batch_frequency_secs = 59),
+            "storageContainer.batchFrequencyInSeconds"
+        );
+        assert_eq!(
+            with(|s| s.batch_frequency_secs = 721),
+            "storageContainer.batchFrequencyInSeconds"
+        );
+        assert_eq!(
+            with(|s| s.max_chunk_size_bytes = 10_485_759),
+            "storageContainer.maxChunkSizeInBytes"
+        );
+        assert_eq!(
+            StorageEncoding::parse("AVRODEFLATE"),
+            Some(StorageEncoding::AvroDeflate)
+        );
+        assert_eq!(StorageEncoding::parse("xml"), None);
         token_only.timeout_ms = 0;
         token_only.username = Some("u".into());
         assert_eq!(

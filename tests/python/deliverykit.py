@@ -50,3 +50,17 @@ def device(hub, device_id: str) -> IoTHubDeviceClient:
         hub.device_connection_string(device_id), server_verification_cert=Path(hub.ca).read_text())
     client.connect()
     return client
+
+
+def metric(hub, name: str, **labels) -> float:
+    """One sample of the hub's /metrics (0 when absent)."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = requests.get(f"http://127.0.0.1:{hub.metrics_port}/metrics", timeout=10)
+    assert r.status_code == 200, r.text
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return 0.0

@@ -12,7 +12,7 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use url::Url;
 
 use super::sas::{blob_sas, BlobPermission};
-use super::BlobError;
+use super::{BlobContainer, BlobError};
 
 /// What a blob name's path segment keeps unescaped in a URI: RFC 3986's unreserved characters.
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
@@ -115,6 +115,12 @@ impl StorageAccount {
             container: container.to_string(),
             endpoint,
         })
+    }
+
+    /// The account's container as a [`BlobContainer`] (written with the account key).
+    pub fn into_container(self) -> BlobContainer {
+        let shown = format!("{}/{}", self.endpoint, self.container);
+        BlobContainer::from_store(std::sync::Arc::new(self.store), shown)
     }
 
     /// A SAS allowing one write of `blob_name` (as stored, not URL-encoded) for `ttl` from

@@ -94,6 +94,11 @@ impl BlobContainer {
         Ok(BlobContainer { store, shown })
     }
 
+    /// A container over a store made elsewhere (an account's, from its connection string).
+    pub(super) fn from_store(store: Arc<dyn ObjectStore>, shown: String) -> BlobContainer {
+        BlobContainer { store, shown }
+    }
+
     /// The URI as shown to users (signature hidden).
     pub fn shown(&self) -> &str {
         &self.shown

@@ -15,7 +15,7 @@ mod targets;
 mod tls;
 pub use backup::BackupSection;
 pub use cluster::ClusterSection;
-pub use targets::{BrokerConfig, WebhookConfig};
+pub use targets::{BrokerConfig, StorageConfig, WebhookConfig};
 pub use tls::TlsSection;
 
 pub mod defaults {
@@ -278,6 +278,8 @@ pub struct EndpointConfig {
     pub nats: Option<BrokerConfig>,
     /// Delivers them to an MQTT broker instead.
     pub mqtt: Option<BrokerConfig>,
+    /// Writes them to an Azure Storage container instead.
+    pub storage_container: Option<StorageConfig>,
 }
 
 impl EndpointConfig {
@@ -290,9 +292,13 @@ impl EndpointConfig {
             self.webhook.is_some(),
             self.nats.is_some(),
             self.mqtt.is_some(),
+            self.storage_container.is_some(),
         ];
         if configured.iter().filter(|c| **c).count() > 1 {
-            return Err("give one of webhook, nats or mqtt".into());
+            return Err("give one of webhook, nats, mqtt or storage_container".into());
+        }
+        if let Some(s) = &self.storage_container {
+            return s.target().map(Some);
         }
         if let Some(w) = &self.webhook {
             return w.target().map(Some);

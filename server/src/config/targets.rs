@@ -1,4 +1,5 @@
-//! `[routing.endpoints.webhook]`, `[routing.endpoints.nats]`, `[routing.endpoints.mqtt]`: a
+//! `[routing.endpoints.webhook]`, `[routing.endpoints.nats]`, `[routing.endpoints.mqtt]`,
+//! `[routing.endpoints.storage_container]`: a
 //! custom endpoint's delivery target declared in the configuration file (docs/routing.md,
 //! "Endpoints outside the hub"). Secrets (signing key, password) and CA certificates are read
 //! from files named here, so the configuration file itself holds none.
@@ -6,7 +7,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ferrohub_engine::delivery::{BrokerTarget, DeliveryTarget, WebhookTarget};
+use ferrohub_engine::delivery::{
+    BrokerTarget, DeliveryTarget, StorageEncoding, StorageTarget, WebhookTarget,
+};
 use serde::Deserialize;
 
 /// `[routing.endpoints.webhook]`: what `PUT /routing/endpoints/{name}/webhook` takes, with the
@@ -104,4 +107,63 @@ impl BrokerConfig {
 
 fn read(path: &PathBuf) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// `[routing.endpoints.storage_container]`: what `PUT /routing/endpoints/{name}/storageContainer`
+/// takes, with the connection string read from a file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    /// A file holding the account's connection string.
+    pub connection_string_file: PathBuf,
+    pub container_name: String,
+    #[serde(default = "default_file_name_format")]
+    pub file_name_format: String,
+    #[serde(default = "default_batch_frequency", with = "humantime_serde")]
+    pub batch_frequency: Duration,
+    /// Bytes.
+    #[serde(default = "default_max_chunk_size")]
+    pub max_chunk_size: u64,
+    /// `avro`, `avroDeflate` or `json`.
+    #[serde(default = "default_encoding")]
+    pub encoding: String,
+}
+
+fn default_file_name_format() -> String {
+    ferrohub_engine::delivery::DEFAULT_FILE_NAME_FORMAT.into()
+}
+
+fn default_batch_frequency() -> Duration {
+    Duration::from_secs(300)
+}
+
+fn default_max_chunk_size() -> u64 {
+    314_572_800
+}
+
+fn default_encoding() -> String {
+    "avro".into()
+}
+
+impl StorageConfig {
+    /// The target it names, its file read.
+    ///
+    /// # Errors
+    /// An unknown encoding, or a file that cannot be read.
+    pub fn target(&self) -> Result<DeliveryTarget, String> {
+        let encoding = StorageEncoding::parse(&self.encoding).ok_or_else(|| {
+            format!(
+                "storage_container.encoding {:?} is not avro, avroDeflate or json",
+                self.encoding
+            )
+        })?;
+        Ok(DeliveryTarget::Storage(StorageTarget {
+            connection_string: read(&self.connection_string_file)?.trim().to_string(),
+            container_name: self.container_name.clone(),
+            encoding,
+            file_name_format: self.file_name_format.clone(),
+            batch_frequency_secs: u32::try_from(self.batch_frequency.as_secs()).unwrap_or(u32::MAX),
+            max_chunk_size_bytes: self.max_chunk_size,
+        }))
+    }
 }

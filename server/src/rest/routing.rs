@@ -5,7 +5,7 @@
 //! - `PUT|DELETE /routing/routes/{name}`, `PUT /routing/fallback`,
 //!   `PUT|DELETE /routing/enrichments/{key}`, `PUT|DELETE /routing/endpoints/{name}`
 //!   (RegistryWrite).
-//! - `PUT|DELETE /routing/endpoints/{name}/{webhook|nats|mqtt}` (RegistryWrite): where a custom
+//! - `PUT|DELETE /routing/endpoints/{name}/{webhook|nats|mqtt|storageContainer}` (RegistryWrite): where a custom
 //!   endpoint's events are delivered outside the hub; `GET /routing/endpointsHealth`
 //!   (RegistryRead): how those deliveries fare, as IoT Hub's `routingEndpointsHealth`.
 
@@ -25,8 +25,8 @@ use super::routing_targets::{TargetJson, KINDS};
 use super::{caller, json_body, Context, PathId};
 use crate::auth::{Permission, Principal};
 use crate::hub::calls::{
-    ChangeRouting, CreateEndpoint, DeleteEndpoint, EndpointsHealth, RoutingEdit,
-    SetEndpointDelivery,
+    ChangeRouting, CreateEndpoint, DeleteEndpoint, EndpointsHealth, RemoveEndpointTarget,
+    RoutingEdit, SetEndpointDelivery,
 };
 use crate::hub::twin_rows::format_time;
 use crate::routing::RouteError;
@@ -289,11 +289,12 @@ async fn put_endpoint_handler(
     ))
 }
 
-/// `webhook`, `nats` or `mqtt`, as the path names it; 404 for anything else.
+/// `webhook`, `nats`, `mqtt` or `storageContainer`, as the path names it; 404 for anything
+/// else.
 fn target_kind(kind: &str) -> Result<&'static str, ApiError> {
     KINDS.into_iter().find(|k| *k == kind).ok_or_else(|| {
         ApiError::NotFound(format!(
-            "/routing/endpoints/{{name}}/{kind}: not a target kind (webhook, nats, mqtt)"
+            "/routing/endpoints/{{name}}/{kind}: not a target kind (webhook, nats, mqtt, storageContainer)"
         ))
     })
 }
@@ -322,29 +323,18 @@ async fn put_target_handler(
 async fn delete_target_handler(name: PathId, kind: String, ctx: Context, p: Principal) -> Handled {
     authorise(&p, true)?;
     let kind = target_kind(&kind)?;
-    let endpoint = name.0.clone();
-    let current = ctx
-        .store
-        .run(move |s| {
-            Ok::<_, RouteError>(
-                s.list_endpoints()
-                    .into_iter()
-                    .find(|e| e.name == endpoint)
-                    .and_then(|e| e.delivery.map(|t| t.kind())),
-            )
+    let removed = ctx
+        .write(RemoveEndpointTarget {
+            name: name.0.clone(),
+            kind: kind.to_string(),
         })
         .await?;
-    if current != Some(kind) {
+    if !removed {
         return Err(ApiError::NotFound(format!(
             "endpoint {} has no {kind} target",
             name.0
         )));
     }
-    let call = SetEndpointDelivery {
-        name: name.0,
-        delivery: None,
-    };
-    ctx.write(call).await?;
     Ok(no_content())
 }
 

@@ -1,13 +1,17 @@
 //! The JSON shapes of an endpoint's delivery target (docs/routing.md, "Endpoints outside the
-//! hub"): `webhook`, `nats` or `mqtt`, in an endpoint's body or alone under
-//! `/routing/endpoints/{name}/{kind}`.
+//! hub"): `webhook`, `nats`, `mqtt` or `storageContainer` (IoT Hub's storage endpoint
+//! properties), in an endpoint's body or alone under `/routing/endpoints/{name}/{kind}`.
 //!
 //! # Invariants
 //! - Secrets never leave in a read: the webhook's signing key is shown only in the answer to
-//!   the request that set it (it may have been made there); broker passwords never.
+//!   the request that set it (it may have been made there); broker passwords and storage
+//!   connection strings never.
 //! - Times are in seconds on the wire, milliseconds in the engine.
 
-use ferrohub_engine::delivery::{BrokerTarget, DeliveryTarget, WebhookTarget};
+use ferrohub_engine::delivery::{
+    BrokerTarget, DeliveryTarget, StorageEncoding, StorageTarget, WebhookTarget,
+    DEFAULT_FILE_NAME_FORMAT,
+};
 use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
@@ -22,10 +26,46 @@ pub struct TargetJson {
     pub nats: Option<BrokerJson>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mqtt: Option<BrokerJson>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_container: Option<StorageJson>,
 }
 
 /// The kinds a path may name: `/routing/endpoints/{name}/{kind}`.
-pub const KINDS: [&str; 3] = ["webhook", "nats", "mqtt"];
+pub const KINDS: [&str; 4] = ["webhook", "nats", "mqtt", "storageContainer"];
+
+/// A storage container target, with IoT Hub's property names and defaults.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageJson {
+    /// Never shown back.
+    #[serde(default, skip_serializing)]
+    connection_string: String,
+    container_name: String,
+    #[serde(default = "default_file_name_format")]
+    file_name_format: String,
+    #[serde(default = "default_batch_frequency")]
+    batch_frequency_in_seconds: u32,
+    #[serde(default = "default_max_chunk")]
+    max_chunk_size_in_bytes: u64,
+    #[serde(default = "default_encoding")]
+    encoding: String,
+}
+
+fn default_file_name_format() -> String {
+    DEFAULT_FILE_NAME_FORMAT.into()
+}
+
+fn default_batch_frequency() -> u32 {
+    300
+}
+
+fn default_max_chunk() -> u64 {
+    314_572_800
+}
+
+fn default_encoding() -> String {
+    "avro".into()
+}
 
 /// A webhook target as the API shows it.
 #[derive(Debug, Serialize, Deserialize)]
@@ -113,6 +153,8 @@ impl TargetJson {
                 .clone()
                 .ok_or_else(|| ApiError::argument("mqtt.topic is required"))?;
             DeliveryTarget::Mqtt(b.target(topic))
+        } else if let Some(s) = self.storage_container {
+            DeliveryTarget::Storage(s.target()?)
         } else {
             return Ok(None);
         };
@@ -140,6 +182,17 @@ impl TargetJson {
             },
             Some(DeliveryTarget::Mqtt(b)) => TargetJson {
                 mqtt: Some(BrokerJson::shown(b, false)),
+                ..TargetJson::default()
+            },
+            Some(DeliveryTarget::Storage(t)) => TargetJson {
+                storage_container: Some(StorageJson {
+                    connection_string: String::new(),
+                    container_name: t.container_name.clone(),
+                    file_name_format: t.file_name_format.clone(),
+                    batch_frequency_in_seconds: t.batch_frequency_secs,
+                    max_chunk_size_in_bytes: t.max_chunk_size_bytes,
+                    encoding: t.encoding.name().into(),
+                }),
                 ..TargetJson::default()
             },
         }
@@ -186,5 +239,24 @@ impl BrokerJson {
             timeout_seconds: b.timeout_ms / 1000,
             dead_letter_after_seconds: b.dead_letter_after_ms / 1000,
         }
+    }
+}
+
+impl StorageJson {
+    fn target(self) -> Result<StorageTarget, ApiError> {
+        let encoding = StorageEncoding::parse(&self.encoding).ok_or_else(|| {
+            ApiError::argument(format!(
+                "storageContainer.encoding {:?} is not avro, avroDeflate or json",
+                self.encoding
+            ))
+        })?;
+        Ok(StorageTarget {
+            connection_string: self.connection_string,
+            container_name: self.container_name,
+            encoding,
+            file_name_format: self.file_name_format,
+            batch_frequency_secs: self.batch_frequency_in_seconds,
+            max_chunk_size_bytes: self.max_chunk_size_in_bytes,
+        })
     }
 }

@@ -41,6 +41,7 @@ pub enum RouteError {
 }
 
 struct CompiledRoute {
+    name: String,
     source: EventSource,
     condition: Condition,
     endpoints: Vec<String>,
@@ -149,6 +150,7 @@ pub fn compile(
             resolve(&format!("route {}", r.name), e)?;
         }
         routes.push(CompiledRoute {
+            name: r.name.clone(),
             source: r.source,
             condition,
             endpoints: r.endpoints.clone(),
@@ -310,6 +312,8 @@ impl Router {
             .filter(|r| r.enabled && r.source == source)
         {
             if r.condition.matches(&view) {
+                metrics::counter!("ferrohub_route_matched_total", "route" => r.name.clone())
+                    .increment(1);
                 for e in &r.endpoints {
                     if !names.contains(&e.as_str()) {
                         names.push(e);
@@ -317,8 +321,19 @@ impl Router {
                 }
             }
         }
-        if names.is_empty() && source == EventSource::DeviceMessages && table.fallback {
-            names.push(BUILTIN_ENDPOINT);
+        if names.is_empty() && source == EventSource::DeviceMessages {
+            // IoT Hub's fallback and orphaned telemetry: matched by no route, sent to the
+            // built-in endpoint by the fallback route, or (with it off) dropped.
+            let outcome = if table.fallback {
+                "fallback"
+            } else {
+                "orphaned"
+            };
+            metrics::counter!("ferrohub_routing_unmatched_total", "outcome" => outcome)
+                .increment(1);
+            if table.fallback {
+                names.push(BUILTIN_ENDPOINT);
+            }
         }
         // Enrichment values per endpoint, then endpoints grouped by identical additions.
         let mut groups: Vec<(Vec<(String, String)>, Vec<EndpointSlot>)> = Vec::new();

@@ -60,6 +60,27 @@ writer_call! {
 }
 
 writer_call! {
+    /// Removes an endpoint's target when it is of `kind` (`DeliveryTarget::kind`): `false`
+    /// when it has none of that kind. Checked where the store is written, so a node that has
+    /// not applied the latest target yet does not answer for it.
+    pub struct RemoveEndpointTarget { pub name: String, pub kind: String }
+    -> Result<bool, D2cError>;
+    |ctx, c| ctx
+        .store
+        .run(move |s| {
+            let current = s.list_endpoints().into_iter().find(|e| e.name == c.name);
+            let Some(endpoint) = current else {
+                return Err(D2cError::NoSuchEndpoint(c.name));
+            };
+            if endpoint.delivery.as_ref().map(DeliveryTarget::kind) != Some(c.kind.as_str()) {
+                return Ok(false);
+            }
+            s.set_endpoint_delivery(&c.name, None).map(|_| true)
+        })
+        .await
+}
+
+writer_call! {
     pub struct DeleteEndpoint { pub name: String }
     -> Result<(), D2cError>;
     |ctx, c| ctx.store.run(move |s| s.delete_endpoint(&c.name)).await

@@ -127,6 +127,7 @@ calls! {
     CreateJob, CancelJob, CreateScheduledJob, CancelScheduledJob,
     PutConfiguration, DeleteConfiguration,
     PutEnrollment, DeleteEnrollment, BulkEnrollments, DeleteRegistration, AssignRegistration,
+    RemoveEndpointTarget,
 }
 
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {

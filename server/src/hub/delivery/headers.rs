@@ -10,8 +10,9 @@
 //! - `x-ferrohub-endpoint`, `x-ferrohub-partition` and `x-ferrohub-sequence-number` are
 //!   always there: with the partition, the sequence number tells a repeated delivery from a
 //!   new message.
-//! - A value a header cannot carry (outside printable ASCII) is percent-encoded rather than
-//!   dropped.
+//! - A value a header cannot carry (outside printable ASCII: a line break would end a NATS
+//!   header, or make an HTTP request fail) is percent-encoded rather than dropped; the
+//!   content type too.
 
 use ferrohub_engine::d2c::D2cEvent;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -50,7 +51,8 @@ pub fn of(endpoint: &str, event: &D2cEvent) -> EventHeaders {
     let mut content_type = "application/octet-stream".to_string();
     for (name, value) in &event.system_properties {
         match name.as_str() {
-            "content-type" => content_type.clone_from(value),
+            // A device chooses it: kept only as a header can carry it.
+            "content-type" => content_type = header_safe(value),
             "content-encoding" => {
                 pairs.push(("iothub-content-encoding".into(), header_safe(value)))
             }

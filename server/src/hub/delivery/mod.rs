@@ -20,12 +20,15 @@
 //! - At shutdown every task is awaited, so the last cursors are stored before the store
 //!   closes.
 
+mod archive;
 mod client_tls;
 mod headers;
 pub mod health;
 mod mqtt;
 mod nats;
 pub mod sender;
+mod storage;
+mod storage_writer;
 pub mod webhook;
 mod worker;
 
@@ -135,10 +138,17 @@ async fn start(
     shutdown: &CancellationToken,
 ) -> Option<Running> {
     let target = endpoint.delivery.as_ref()?;
-    let senders = match sender::for_partitions(endpoint).await {
+    let senders = match sender::for_partitions(endpoint, ctx.routing.hub_name()).await {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(endpoint = %endpoint.name, error = %e, "cannot deliver to this endpoint's target");
+            // Said where an operator looks, not only in the log.
+            let now = ctx.clock.now();
+            for p in endpoint.slot.base..endpoint.slot.base + endpoint.slot.partitions {
+                ctx.delivery_health
+                    .partition(&endpoint.name, p)
+                    .failed(e.clone(), now);
+            }
             return None;
         }
     };

@@ -4,7 +4,7 @@
 //!
 //! What subscribers get (docs/routing.md, "NATS and MQTT endpoints"): the body as stored,
 //! the message's content type as MQTT 5's content type, and the event's properties as user
-//! properties ([`super::headers`]).
+//! properties ([`super::headers`]; one longer than MQTT's 65,535 bytes is left out).
 //!
 //! # Invariants
 //! - Each partition has its own connection (client id `ferrohub-{endpoint}-{partition}`) and
@@ -26,8 +26,11 @@ use tokio::sync::Mutex;
 
 use super::headers;
 
-/// Escaped in the device id put into a topic: what would split or widen a level.
-const NOT_IN_A_LEVEL: &AsciiSet = &CONTROLS.add(b'/').add(b'+').add(b'#').add(b'%');
+/// Escaped in the device id put into a topic: what would split or widen a level, and `$`
+/// (a topic that begins with it is the broker's own).
+const NOT_IN_A_LEVEL: &AsciiSet = &CONTROLS.add(b'/').add(b'+').add(b'#').add(b'%').add(b'$');
+/// MQTT strings carry a 16-bit length: a longer user property would corrupt the packet.
+const MAX_PROPERTY: usize = u16::MAX as usize;
 const KEEP_ALIVE: Duration = Duration::from_secs(60);
 /// A connection idle this long is made anew rather than found closed by the next publish.
 const IDLE_LIMIT: Duration = Duration::from_secs(30);
@@ -130,7 +133,12 @@ async fn publish(
     let event_headers = headers::of(endpoint, event);
     let properties = PublishProperties {
         content_type: Some(event_headers.content_type),
-        user_properties: event_headers.pairs,
+        // A property too long for MQTT is left out rather than the message refused.
+        user_properties: event_headers
+            .pairs
+            .into_iter()
+            .filter(|(n, v)| n.len() <= MAX_PROPERTY && v.len() <= MAX_PROPERTY)
+            .collect(),
         ..PublishProperties::default()
     };
     connection
@@ -173,13 +181,13 @@ mod tests {
             sequence_number: 0,
             offset: 0,
             enqueued_time: ferrohub_engine::model::UnixMillis(0),
-            system_properties: vec![("iothub-connection-device-id".into(), "a+b#c%d.e".into())],
+            system_properties: vec![("iothub-connection-device-id".into(), "$a+b#c%d.e".into())],
             application_properties: vec![],
             body: vec![],
         };
         assert_eq!(
             super::topic("hub/{deviceId}/t", &event),
-            "hub/a%2Bb%23c%25d.e/t"
+            "hub/%24a%2Bb%23c%25d.e/t"
         );
     }
 }

@@ -10,38 +10,70 @@
 //! # Invariants
 //! - A subject no stream captures is a failure ("no responders"), retried and dead-lettered
 //!   like any other: the hub never counts as delivered what no stream stored.
-//! - One client serves every partition of the endpoint; it reconnects by itself, so a broker
-//!   that is down is only a failed publish, never a task that ends.
+//! - One client serves every partition of the endpoint. It is made at the first publish
+//!   (a server that cannot be reached is a failed publish, retried); once connected it
+//!   reconnects by itself a few times ([`RECONNECTS`]), then gives up and is made anew by the
+//!   next publish. A client never outlives its sender by more than those attempts, so a target
+//!   replaced or removed leaves nothing connecting in the background.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
 use ferrohub_engine::d2c::D2cEvent;
 use ferrohub_engine::delivery::{BrokerTarget, DEVICE_ID_PLACEHOLDER};
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+use tokio::sync::Mutex;
 
 use super::headers;
 
-/// Escaped in the device id put into a subject: what would split, widen or break a token.
-const NOT_IN_A_TOKEN: &AsciiSet = &CONTROLS.add(b' ').add(b'.').add(b'*').add(b'>').add(b'%');
+/// Escaped in the device id put into a subject: what would split, widen or break a token,
+/// and `$` (subjects that begin with it are the server's own API).
+const NOT_IN_A_TOKEN: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b'.')
+    .add(b'*')
+    .add(b'>')
+    .add(b'%')
+    .add(b'$');
+
+/// How often a connected client tries to reconnect before it gives up.
+const RECONNECTS: usize = 5;
 
 /// The publisher of one NATS target.
 pub struct NatsSender {
-    jetstream: jetstream::Context,
+    options: BrokerTarget,
+    connected: Mutex<Option<Arc<jetstream::Context>>>,
     subject: String,
     endpoint: String,
 }
 
 impl NatsSender {
-    /// Starts the client; it connects (and reconnects) in the background.
-    ///
     /// # Errors
-    /// The target's TLS settings do not load, or the URL is refused.
-    pub async fn new(endpoint: &str, target: &BrokerTarget) -> Result<NatsSender, String> {
+    /// The target's TLS settings do not load.
+    pub fn new(endpoint: &str, target: &BrokerTarget) -> Result<NatsSender, String> {
+        if target.url.starts_with("tls://") || target.ca_certificate.is_some() {
+            super::client_tls::client_config(target.ca_certificate.as_deref())?;
+        }
+        Ok(NatsSender {
+            options: target.clone(),
+            connected: Mutex::new(None),
+            subject: target.topic.clone(),
+            endpoint: endpoint.to_string(),
+        })
+    }
+
+    /// The connected client, made when there is none (or the last one gave up).
+    async fn jetstream(&self) -> Result<Arc<jetstream::Context>, String> {
+        let mut slot = self.connected.lock().await;
+        if let Some(js) = slot.as_ref() {
+            return Ok(Arc::clone(js));
+        }
+        let target = &self.options;
         let timeout = Duration::from_millis(target.timeout_ms);
         let mut options = async_nats::ConnectOptions::new()
-            .name(format!("ferrohub endpoint {endpoint}"))
-            .retry_on_initial_connect()
+            .name(format!("ferrohub endpoint {}", self.endpoint))
+            .max_reconnects(RECONNECTS)
             .connection_timeout(timeout)
             .request_timeout(Some(timeout));
         options = match (&target.username, &target.password) {
@@ -55,17 +87,27 @@ impl NatsSender {
             let tls = super::client_tls::client_config(target.ca_certificate.as_deref())?;
             options = options.require_tls(true).tls_client_config(tls);
         }
-        let client = options
-            .connect(target.url.as_str())
+        let client = tokio::time::timeout(timeout, options.connect(target.url.as_str()))
             .await
-            .map_err(|e| format!("NATS {}: {e}", target.url))?;
-        let mut jetstream = jetstream::new(client);
-        jetstream.set_timeout(timeout);
-        Ok(NatsSender {
-            jetstream,
-            subject: target.topic.clone(),
-            endpoint: endpoint.to_string(),
-        })
+            .map_err(|_| "cannot connect within the timeout".to_string())?
+            .map_err(|e| format!("cannot connect: {e}"))?;
+        let mut js = jetstream::new(client);
+        js.set_timeout(timeout);
+        let js = Arc::new(js);
+        *slot = Some(Arc::clone(&js));
+        Ok(js)
+    }
+
+    /// Forgets a client that is not connected, after a failed publish: the next publish makes
+    /// a new one (the old one's few reconnects run out on their own).
+    async fn forget_if_disconnected(&self, failed: &Arc<jetstream::Context>) {
+        if failed.client().connection_state() == async_nats::connection::State::Connected {
+            return;
+        }
+        let mut slot = self.connected.lock().await;
+        if slot.as_ref().is_some_and(|js| Arc::ptr_eq(js, failed)) {
+            *slot = None;
+        }
     }
 
     /// Publishes one event; `Ok` once a stream stored it.
@@ -86,17 +128,25 @@ impl NatsSender {
         for (name, value) in event_headers.pairs {
             nats_headers.insert(name, value);
         }
-        let ack = self
-            .jetstream
-            .publish_with_headers(
-                subject(&self.subject, event),
-                nats_headers,
-                event.body.clone().into(),
-            )
-            .await
-            .map_err(|e| format!("publish: {e}"))?;
-        ack.await.map_err(|e| format!("no stream stored it: {e}"))?;
-        Ok(())
+        let jetstream = self.jetstream().await?;
+        let outcome = async {
+            let ack = jetstream
+                .publish_with_headers(
+                    subject(&self.subject, event),
+                    nats_headers,
+                    event.body.clone().into(),
+                )
+                .await
+                .map_err(|e| format!("publish: {e}"))?;
+            ack.await
+                .map(drop)
+                .map_err(|e| format!("no stream stored it: {e}"))
+        }
+        .await;
+        if outcome.is_err() {
+            self.forget_if_disconnected(&jetstream).await;
+        }
+        outcome
     }
 }
 
@@ -115,13 +165,13 @@ mod tests {
             sequence_number: 0,
             offset: 0,
             enqueued_time: ferrohub_engine::model::UnixMillis(0),
-            system_properties: vec![("iothub-connection-device-id".into(), "a.b*c>d%e f".into())],
+            system_properties: vec![("iothub-connection-device-id".into(), "$a.b*c>d%e f".into())],
             application_properties: vec![],
             body: vec![],
         };
         assert_eq!(
             super::subject("hub.{deviceId}.t", &event),
-            "hub.a%2Eb%2Ac%3Ed%25e%20f.t"
+            "hub.%24a%2Eb%2Ac%3Ed%25e%20f.t"
         );
     }
 }

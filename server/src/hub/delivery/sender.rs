@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use ferrohub_engine::d2c::D2cEvent;
-use ferrohub_engine::delivery::DeliveryTarget;
+use ferrohub_engine::delivery::{BrokerTarget, DeliveryTarget};
 use ferrohub_engine::endpoints::Endpoint;
 
 use super::mqtt::MqttSender;
 use super::nats::NatsSender;
+use super::storage_writer::StorageWriter;
 use super::webhook::WebhookSender;
 
 /// A partition's way to its endpoint's target.
@@ -19,6 +20,9 @@ pub enum Sender {
     Nats(Arc<NatsSender>),
     /// A connection of its own per partition (one publish in flight on it).
     Mqtt(MqttSender),
+    /// Written in batches, not event by event: the partition's task runs
+    /// [`super::storage`]'s loop instead of offering events one at a time.
+    Storage(Arc<StorageWriter>),
 }
 
 impl Sender {
@@ -31,6 +35,7 @@ impl Sender {
             Sender::Webhook(s) => s.post(event).await,
             Sender::Nats(s) => s.post(event).await,
             Sender::Mqtt(s) => s.post(event).await,
+            Sender::Storage(_) => Err("a storage container is written in batches".into()),
         }
     }
 }
@@ -39,7 +44,10 @@ impl Sender {
 ///
 /// # Errors
 /// The target cannot be used (a key, CA or URL that does not load).
-pub async fn for_partitions(endpoint: &Endpoint) -> Result<Vec<(u16, Sender)>, String> {
+pub async fn for_partitions(
+    endpoint: &Endpoint,
+    hub_name: &str,
+) -> Result<Vec<(u16, Sender)>, String> {
     let partitions = endpoint.slot.base..endpoint.slot.base + endpoint.slot.partitions;
     let Some(target) = &endpoint.delivery else {
         return Ok(Vec::new());
@@ -52,7 +60,7 @@ pub async fn for_partitions(endpoint: &Endpoint) -> Result<Vec<(u16, Sender)>, S
                 .collect()
         }
         DeliveryTarget::Nats(b) => {
-            let shared = Arc::new(NatsSender::new(&endpoint.name, b).await?);
+            let shared = Arc::new(NatsSender::new(&endpoint.name, b)?);
             partitions
                 .map(|p| (p, Sender::Nats(Arc::clone(&shared))))
                 .collect()
@@ -60,20 +68,48 @@ pub async fn for_partitions(endpoint: &Endpoint) -> Result<Vec<(u16, Sender)>, S
         DeliveryTarget::Mqtt(b) => partitions
             .map(|p| MqttSender::new(&endpoint.name, p, b).map(|s| (p, Sender::Mqtt(s))))
             .collect::<Result<_, _>>()?,
+        DeliveryTarget::Storage(t) => partitions
+            .map(|p| {
+                StorageWriter::new(t, hub_name, p - endpoint.slot.base)
+                    .map(|w| (p, Sender::Storage(Arc::new(w))))
+            })
+            .collect::<Result<_, _>>()?,
     })
 }
 
-/// Checks what the engine's validation cannot: that a CA certificate, if any, parses.
+/// Checks what the engine's validation cannot: that the URL parses with a host and a port
+/// that can be, that the TLS settings load (a CA certificate that parses, roots to trust),
+/// and that the storage connection string makes a client.
 ///
 /// # Errors
-/// Why it does not, after the target's kind (`webhook.caCertificate: ...`).
+/// Why not, after the target's kind (`webhook.caCertificate: ...`).
 pub fn check(target: &DeliveryTarget) -> Result<(), String> {
     let outcome = match target {
         DeliveryTarget::Webhook(w) => super::webhook::check(w),
-        DeliveryTarget::Nats(b) | DeliveryTarget::Mqtt(b) => match &b.ca_certificate {
-            Some(pem) => super::client_tls::ca_certificates(pem).map(drop),
-            None => Ok(()),
-        },
+        DeliveryTarget::Nats(b) => check_broker(b, "tls"),
+        DeliveryTarget::Mqtt(b) => check_broker(b, "mqtts"),
+        DeliveryTarget::Storage(t) => crate::blob::StorageAccount::from_connection_string(
+            &t.connection_string,
+            &t.container_name,
+        )
+        .map(drop)
+        .map_err(|e| format!("connectionString: {e}")),
     };
     outcome.map_err(|e| format!("{}.{e}", target.kind()))
+}
+
+/// A broker's URL and TLS settings; `tls_scheme` is the scheme that means TLS.
+fn check_broker(b: &BrokerTarget, tls_scheme: &str) -> Result<(), String> {
+    let url = url::Url::parse(&b.url).map_err(|e| format!("url: {e}"))?;
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("url: no host".into());
+    }
+    let tls = url.scheme() == tls_scheme;
+    if b.ca_certificate.is_some() && !tls && tls_scheme == "mqtts" {
+        return Err("caCertificate: only with an mqtts:// URL".into());
+    }
+    if tls || b.ca_certificate.is_some() {
+        super::client_tls::client_config(b.ca_certificate.as_deref())?;
+    }
+    Ok(())
 }

@@ -47,6 +47,10 @@ enum Offered {
 impl PartitionDelivery {
     /// Delivers until `stop`.
     pub async fn run(self, stop: CancellationToken) {
+        if let Sender::Storage(writer) = &self.sender {
+            let writer = std::sync::Arc::clone(writer);
+            return self.run_batches(&writer, stop).await;
+        }
         let Some(mut next) = self.stored_cursor(&stop).await else {
             return;
         };
@@ -103,7 +107,7 @@ impl PartitionDelivery {
         }
     }
 
-    async fn stored_cursor(&self, stop: &CancellationToken) -> Option<u64> {
+    pub(super) async fn stored_cursor(&self, stop: &CancellationToken) -> Option<u64> {
         loop {
             let (endpoint, partition) = (self.endpoint.clone(), self.partition);
             match self
@@ -125,7 +129,7 @@ impl PartitionDelivery {
     }
 
     /// Stores the cursor; `false` (logged) when it could not be stored this time.
-    async fn store_cursor(&self, next: u64) -> bool {
+    pub(super) async fn store_cursor(&self, next: u64) -> bool {
         let (endpoint, partition) = (self.endpoint.clone(), self.partition);
         match self
             .ctx
@@ -185,7 +189,7 @@ impl PartitionDelivery {
         }
     }
 
-    fn count(&self, what: &'static str, n: u64) {
+    pub(super) fn count(&self, what: &'static str, n: u64) {
         metrics::counter!("ferrohub_endpoint_deliveries_total", "endpoint" => self.endpoint.clone(), "outcome" => what)
             .increment(n);
     }
