@@ -106,7 +106,10 @@ class Mosquitto(Broker):
                              f"listener {self.port} 127.0.0.1\n"
                              "allow_anonymous false\n"
                              f"password_file {passwords}\n"
-                             "persistence false\n")
+                             "persistence false\n"
+                             # A fast publisher outruns a Python subscriber: queue for it
+                             # rather than drop past Mosquitto's default 1,000.
+                             "max_queued_messages 0\n")
 
     def command(self) -> list[str]:
         return ["mosquitto", "-c", str(self.conf)]

@@ -132,6 +132,8 @@ def test_routed_messages_reach_avro_and_json_blobs_after_the_batch_window(sdk_hu
     ({"encoding": "xml"}, "encoding"),
     ({"containerName": "Archive_1"}, "containerName"),
     ({"connectionString": "AccountName=devstoreaccount1"}, "connectionString"),
+    ({"fileNameFormat": "{iothub}//{partition}/{YYYY}/{MM}/{DD}/{HH}/{mm}"}, "fileNameFormat"),
+    ({"fileNameFormat": "../{iothub}/{partition}/{YYYY}/{MM}/{DD}/{HH}/{mm}"}, "fileNameFormat"),
 ])
 def test_iot_hubs_limits_are_refused_with_the_field_named(sdk_hub, change, field):
     target = {"connectionString": "DefaultEndpointsProtocol=http;AccountName=a;AccountKey=a2V5;"
@@ -176,3 +178,10 @@ encoding = "json"
     with pytest.raises(Exception):
         bad.start(["--config", str(config)], timeout=20)
     assert "batchFrequencyInSeconds" in bad.log_tail(40)
+
+
+def test_a_storage_target_beside_another_is_refused(sdk_hub):
+    body = {"partitionCount": 1, "webhook": {"url": "https://127.0.0.1:1/"},
+            "storageContainer": {"connectionString": "AccountName=a;AccountKey=a2V5", "containerName": "two"}}
+    r = sdk_hub.request("PUT", "/routing/endpoints/two-targets", sdk_hub.token(), json=body)
+    assert r.status_code == 400 and "one target" in r.text, (r.status_code, r.text)

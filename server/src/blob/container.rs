@@ -17,6 +17,8 @@ use super::BlobError;
 const READ_BUFFER: usize = 1 << 20;
 /// Size of the parts a blob is written in (Azure blocks; local temp-file writes).
 const WRITE_PART: usize = 8 << 20;
+/// Parts of one blob uploaded at once.
+const WRITES_IN_FLIGHT: usize = 2;
 
 /// A container: a local directory or an Azure Blob Storage container.
 #[derive(Clone)]
@@ -120,7 +122,10 @@ impl BlobContainer {
     /// # Errors
     /// [`BlobError::InvalidUri`] for a bad name.
     pub fn writer(&self, name: &str) -> Result<BlobWriter, BlobError> {
-        let inner = BufWriter::with_capacity(Arc::clone(&self.store), blob_path(name)?, WRITE_PART);
+        // Two parts in flight: many writers at once (every partition of a storage endpoint
+        // closing its batch) stay within a few tens of MB each.
+        let inner = BufWriter::with_capacity(Arc::clone(&self.store), blob_path(name)?, WRITE_PART)
+            .with_max_concurrency(WRITES_IN_FLIGHT);
         Ok(BlobWriter {
             inner,
             name: name.to_string(),

@@ -133,10 +133,11 @@ impl TargetJson {
             self.webhook.is_some(),
             self.nats.is_some(),
             self.mqtt.is_some(),
+            self.storage_container.is_some(),
         ];
         if given.iter().filter(|g| **g).count() > 1 {
             return Err(ApiError::argument(
-                "an endpoint delivers to one target: give one of webhook, nats or mqtt",
+                "an endpoint delivers to one target: give one of webhook, nats, mqtt or storageContainer",
             ));
         }
         let target = if let Some(w) = self.webhook {

@@ -203,15 +203,20 @@ pub fn same_minute(a: UnixMillis, b: UnixMillis) -> bool {
     a.0.div_euclid(60_000) == b.0.div_euclid(60_000)
 }
 
-/// About what an event takes in a blob, to cut batches at the chunk size.
-pub fn approximate_size(event: &D2cEvent) -> u64 {
+/// About what an event takes in a blob, to cut batches at the chunk size (a JSON line may
+/// carry its body in base64: a third more).
+pub fn approximate_size(event: &D2cEvent, encoding: StorageEncoding) -> u64 {
     let properties: usize = event
         .system_properties
         .iter()
         .chain(&event.application_properties)
         .map(|(n, v)| n.len() + v.len() + 4)
         .sum();
-    (event.body.len() + properties + 64) as u64
+    let body = match encoding {
+        StorageEncoding::Json => event.body.len().div_ceil(3) * 4,
+        StorageEncoding::Avro | StorageEncoding::AvroDeflate => event.body.len(),
+    };
+    (body + properties + 64) as u64
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use ferrohub_engine::d2c::D2cEvent;
-use ferrohub_engine::delivery::{BrokerTarget, DeliveryTarget};
+use ferrohub_engine::delivery::{BrokerTarget, DeliveryTarget, StorageTarget};
 use ferrohub_engine::endpoints::Endpoint;
 
 use super::mqtt::MqttSender;
@@ -88,12 +88,7 @@ pub fn check(target: &DeliveryTarget) -> Result<(), String> {
         DeliveryTarget::Webhook(w) => super::webhook::check(w),
         DeliveryTarget::Nats(b) => check_broker(b, "tls"),
         DeliveryTarget::Mqtt(b) => check_broker(b, "mqtts"),
-        DeliveryTarget::Storage(t) => crate::blob::StorageAccount::from_connection_string(
-            &t.connection_string,
-            &t.container_name,
-        )
-        .map(drop)
-        .map_err(|e| format!("connectionString: {e}")),
+        DeliveryTarget::Storage(t) => check_storage(t),
     };
     outcome.map_err(|e| format!("{}.{e}", target.kind()))
 }
@@ -110,6 +105,33 @@ fn check_broker(b: &BrokerTarget, tls_scheme: &str) -> Result<(), String> {
     }
     if tls || b.ca_certificate.is_some() {
         super::client_tls::client_config(b.ca_certificate.as_deref())?;
+    }
+    Ok(())
+}
+
+/// A storage target's connection string makes a client, and its file name format makes blob
+/// names the container takes (no empty, `.` or `..` segment).
+fn check_storage(t: &StorageTarget) -> Result<(), String> {
+    crate::blob::StorageAccount::from_connection_string(&t.connection_string, &t.container_name)
+        .map_err(|e| format!("connectionString: {e}"))?;
+    let sample = ferrohub_engine::d2c::D2cEvent {
+        partition: 0,
+        sequence_number: 1,
+        offset: 0,
+        enqueued_time: ferrohub_engine::model::UnixMillis(0),
+        system_properties: Vec::new(),
+        application_properties: Vec::new(),
+        body: Vec::new(),
+    };
+    let name = super::archive::blob_name(&t.file_name_format, "hub", 0, &sample, true);
+    let segments_ok = !name.starts_with('/')
+        && name
+            .split('/')
+            .all(|seg| !seg.is_empty() && seg != "." && seg != "..");
+    if !segments_ok || object_store::path::Path::parse(&name).is_err() {
+        return Err(format!(
+            "fileNameFormat: makes blob names like {name:?}, which a container does not take (an empty, '.' or '..' segment, or a character a blob name cannot hold)"
+        ));
     }
     Ok(())
 }

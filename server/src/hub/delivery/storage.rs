@@ -26,8 +26,20 @@ use super::worker::PartitionDelivery;
 const PAGE: usize = 256;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How long past its window a batch waits before it is closed: an event enqueued just
+/// before the window ended may become readable a moment after (its time is given before it
+/// is durable), and must land in this batch, as it would in a rewrite.
+const GRACE_MS: i64 = 2_000;
 /// The longest a partition waits without looking again (wake-ups are the mechanism).
 const IDLE_CHECK: Duration = Duration::from_secs(2);
+
+/// Why a batch was not written.
+enum WriteError {
+    /// Retention deleted some of its events: it is measured again.
+    Expired,
+    /// The store or the container failed: written again after a backoff.
+    Failed(String),
+}
 
 /// A batch measured and ready to write: events `first..=last`.
 struct Batch {
@@ -43,7 +55,7 @@ impl PartitionDelivery {
         let Some(mut next) = self.stored_cursor(&stop).await else {
             return;
         };
-        loop {
+        'batches: loop {
             let Some(batch) = self.measure(writer, next, &stop).await else {
                 return;
             };
@@ -64,7 +76,13 @@ impl PartitionDelivery {
                             .record(waited);
                         break;
                     }
-                    Err(error) => {
+                    Err(WriteError::Expired) => {
+                        // Measured again from its first event: what is gone is counted as
+                        // expired there, and the batch is cut from what is still stored.
+                        tracing::warn!(endpoint = %self.endpoint, blob = %batch.name, "a batch expired in part before it was written");
+                        continue 'batches;
+                    }
+                    Err(WriteError::Failed(error)) => {
                         tracing::debug!(endpoint = %self.endpoint, blob = %batch.name, %error, "writing a batch failed; retrying");
                         self.count("failed_attempts", 1);
                         self.health.failed(error, now);
@@ -97,7 +115,7 @@ impl PartitionDelivery {
         loop {
             // Subscribe before reading: an append after the read wakes the wait.
             let mut wake = self.ctx.d2c.subscribe(self.partition);
-            let events = self.read(next, PAGE).await;
+            let events = self.read_retrying(next, PAGE, stop).await?;
             if first.is_none() {
                 if let Some(head) = events.first() {
                     let lost = head.sequence_number.saturating_sub(next);
@@ -115,7 +133,7 @@ impl PartitionDelivery {
                 window_end = Some(end);
                 let mut full = false;
                 for event in &events {
-                    let grown = size + archive::approximate_size(event);
+                    let grown = size + archive::approximate_size(event, writer.encoding);
                     if event.enqueued_time.0 >= end || (count > 0 && grown > writer.max_chunk) {
                         full = true;
                         break;
@@ -131,9 +149,9 @@ impl PartitionDelivery {
                 if more_stored {
                     continue;
                 }
-                if full || size >= writer.max_chunk || self.ctx.clock.now().0 >= end {
+                if full || size >= writer.max_chunk || self.ctx.clock.now().0 >= end + GRACE_MS {
                     let head = head.clone();
-                    let name = self.blob_name(writer, &head).await;
+                    let name = self.blob_name(writer, &head, stop).await?;
                     return Some(Batch {
                         first: head,
                         last,
@@ -144,7 +162,7 @@ impl PartitionDelivery {
             }
             // Every stored event was read and the window is open (or nothing is stored).
             let sleep = window_end.map_or(IDLE_CHECK, |end| {
-                let left = (end - self.ctx.clock.now().0).clamp(0, 60_000) as u64;
+                let left = (end + GRACE_MS - self.ctx.clock.now().0).clamp(0, 60_000) as u64;
                 Duration::from_millis(left).min(IDLE_CHECK)
             });
             tokio::select! {
@@ -161,54 +179,69 @@ impl PartitionDelivery {
     }
 
     /// The batch's blob name; `_{sequence}` is added when the event before it shares its
-    /// minute (the batch before may then have the same name).
-    async fn blob_name(&self, writer: &StorageWriter, first: &D2cEvent) -> String {
-        let before = match first.sequence_number.checked_sub(1) {
-            Some(seq) => self
-                .read(seq, 1)
-                .await
-                .into_iter()
-                .find(|e| e.sequence_number == seq),
-            None => None,
+    /// minute (the batch before may then have the same name) or is no longer stored (it may
+    /// have: a name that might repeat one is never used, at the cost of a rewrite after a
+    /// crash perhaps getting another name). `None` once stopped.
+    async fn blob_name(
+        &self,
+        writer: &StorageWriter,
+        first: &D2cEvent,
+        stop: &CancellationToken,
+    ) -> Option<String> {
+        let after_same_minute = match first.sequence_number.checked_sub(1) {
+            None => false,
+            Some(seq) => {
+                let before = self.read_retrying(seq, 1, stop).await?;
+                before
+                    .into_iter()
+                    .find(|e| e.sequence_number == seq)
+                    .is_none_or(|b| archive::same_minute(b.enqueued_time, first.enqueued_time))
+            }
         };
-        let after_same_minute =
-            before.is_some_and(|b| archive::same_minute(b.enqueued_time, first.enqueued_time));
-        archive::blob_name(
+        Some(archive::blob_name(
             &writer.file_name_format,
             &writer.hub_name,
             writer.index,
             first,
             after_same_minute,
-        )
+        ))
     }
 
     /// Encodes the batch's events and commits them as its blob.
-    async fn write(&self, writer: &StorageWriter, batch: &Batch) -> Result<(), String> {
+    async fn write(&self, writer: &StorageWriter, batch: &Batch) -> Result<(), WriteError> {
         let mut blob = writer
             .container
             .writer(&batch.name)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| WriteError::Failed(e.to_string()))?;
         let mut encoder = BatchEncoder::new(writer.encoding);
         let mut from = batch.first.sequence_number;
-        let written: Result<(), String> = async {
+        let written: Result<(), WriteError> = async {
             while from <= batch.last {
-                let events = self.read_or_fail(from, PAGE).await?;
-                if events.is_empty() {
-                    return Err("the batch's events are no longer stored".into());
+                let events = self
+                    .read_or_fail(from, PAGE)
+                    .await
+                    .map_err(WriteError::Failed)?;
+                // Retention deleted part of the batch while it waited to be written.
+                if events.first().is_none_or(|e| e.sequence_number != from) {
+                    return Err(WriteError::Expired);
                 }
                 for event in events.iter().filter(|e| e.sequence_number <= batch.last) {
-                    encoder.append(event)?;
+                    encoder.append(event).map_err(WriteError::Failed)?;
                     from = event.sequence_number + 1;
                 }
-                blob.write(&encoder.take()?)
+                let bytes = encoder.take().map_err(WriteError::Failed)?;
+                blob.write(&bytes)
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| WriteError::Failed(e.to_string()))?;
             }
             Ok(())
         }
         .await;
         match written {
-            Ok(()) => blob.finish().await.map_err(|e| e.to_string()),
+            Ok(()) => blob
+                .finish()
+                .await
+                .map_err(|e| WriteError::Failed(e.to_string())),
             Err(e) => {
                 blob.abort().await;
                 Err(e)
@@ -216,11 +249,26 @@ impl PartitionDelivery {
         }
     }
 
-    async fn read(&self, from: u64, n: usize) -> Vec<D2cEvent> {
-        self.read_or_fail(from, n).await.unwrap_or_else(|e| {
-            tracing::warn!(endpoint = %self.endpoint, partition = self.partition, error = %e, "cannot read events to write");
-            Vec::new()
-        })
+    /// Reads until the store answers (a failed read is not an empty partition); `None`
+    /// once stopped.
+    async fn read_retrying(
+        &self,
+        from: u64,
+        n: usize,
+        stop: &CancellationToken,
+    ) -> Option<Vec<D2cEvent>> {
+        loop {
+            match self.read_or_fail(from, n).await {
+                Ok(events) => return Some(events),
+                Err(e) => {
+                    tracing::warn!(endpoint = %self.endpoint, partition = self.partition, error = %e, "cannot read events to write");
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return None,
+                _ = tokio::time::sleep(IDLE_CHECK) => {}
+            }
+        }
     }
 
     async fn read_or_fail(&self, from: u64, n: usize) -> Result<Vec<D2cEvent>, String> {
