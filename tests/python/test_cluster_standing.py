@@ -192,8 +192,16 @@ def test_a_writer_cut_off_from_nats_serves_nothing_before_another_writes(cluster
                     assert old_ready != 200, f"{w} still ready when {new} writes: {samples[-5:]}"
             assert closed_at is not None and closed_at - cut_at < LEASE, (closed_at, cut_at, samples[-5:])
             assert not takes_tls(w, 8883) and not takes_tls(w, 443) and not takes_tls(w, 5671)
-            standing = cluster.standing(w)
-            assert standing and standing["role"] != "writer" and not standing["serving"], standing
+            # It serves nothing from the moment it closed; its role reads follower once its
+            # writer task has wound down, a moment after (never serving in between).
+            deadline = time.time() + LEASE
+            while True:
+                standing = cluster.standing(w)
+                assert standing and not standing["serving"], standing
+                if standing["role"] != "writer" or time.time() > deadline:
+                    break
+                time.sleep(0.1)
+            assert standing["role"] != "writer", standing
             # The new writer acknowledges a write; the old one answers nothing, the third node
             # answers it once applied, and the balancer never reaches the old writer.
             r = cluster.node_request(new, "PATCH", "/twins/cut-dev", token, json={"properties": {"desired": {"v": 2}}})
