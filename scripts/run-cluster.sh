@@ -14,7 +14,8 @@
 #   scripts/run-cluster.sh --start NAME DIR  (re)start one process: nats1..3, hub1..3, haproxy
 #   scripts/run-cluster.sh --writer DIR    print the name of the node serving as the writer
 #
-# FERROHUB_CLUSTER_EXTRA holds more [cluster] lines for every node (kept for later --start).
+# FERROHUB_CLUSTER_EXTRA holds more lines for every node's file, after its [cluster] lines: more
+# [cluster] keys, then any other sections (kept for later --start).
 # PIDs go to DIR/pids/<name>.pid, logs to DIR/logs/, the CA to DIR/tls/ca.pem; the hub's
 # connection strings are printed (and kept in DIR/connection-strings.txt).
 # Needs the built hub (scripts/run-hub.sh or the test command builds it) and root for the
@@ -137,7 +138,8 @@ nats_user = "hub$n"
 nats_password_file = "$DIR/secrets/hub$n.password"
 nats_ca_file = "$DIR/secrets/nats-ca.pem"
 EOF
-    # More [cluster] settings for every node (FERROHUB_CLUSTER_EXTRA at the first start).
+    # More [cluster] settings, then other sections, for every node (FERROHUB_CLUSTER_EXTRA at the
+    # first start).
     if [ -f "$DIR/conf/cluster-extra.toml" ]; then cat "$DIR/conf/cluster-extra.toml"; fi
 }
 

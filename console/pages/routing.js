@@ -1,12 +1,21 @@
 // Routing (#/routing): endpoints, routes, enrichments and the fallback route from GET /routing,
 // edited through the routing API (docs/routing.md), and a "test this route" box that evaluates
-// a condition against a sample message (POST /console/api/routing/test).
+// a condition against a sample message (POST /console/api/routing/test). Beside them, what
+// routing did: each delivered endpoint's target, health (GET /routing/endpointsHealth), backlog
+// and deliveries, and each route's matches, from the hub's metrics (GET /console/api/metrics);
+// either read failing leaves those cells at "—", never the page.
 import { h, replace, loading, failed, toast, dialog, confirm, jsonEditor, field, badge, table, pageHeader, errorText } from "../lib/ui.js";
 import { seg } from "../lib/api.js";
+import { parsePrometheus, total } from "../lib/metrics.js";
 import { useAdminCss, guard, btn, input, select, checkboxes, toggle, row, code, inlineError, section, emptyLine, jsonOf } from "../lib/admin-ui.js";
 
 const SOURCES = ["DeviceMessages", "TwinChangeEvents", "DeviceLifecycleEvents", "DeviceConnectionStateEvents", "DigitalTwinChangeEvents"];
 const WRITE = ["RegistryWrite"];
+// The target kinds GET /routing shows on an endpoint, as the REST API names them.
+const TARGETS = ["storageContainer", "webhook", "nats", "mqtt"];
+const HEALTH_BADGE = { healthy: "ok", degraded: "warn", unhealthy: "bad", dead: "bad", unknown: "muted" };
+// ferrohub_endpoint_deliveries_total outcomes shown beside `delivered`, in this order.
+const NOT_DELIVERED = [["dead_lettered", "dead-lettered"], ["expired", "expired"], ["sent_to_fallback", "sent to fallback"], ["dropped", "dropped"]];
 
 export default async function render(root, app) {
   useAdminCss();
@@ -22,28 +31,38 @@ export default async function render(root, app) {
       root.dataset.state = "loading";
       first = false;
     }
-    let config;
+    let config, seen;
     try {
-      config = (await app.api.get("/routing")).body;
+      [config, seen] = await Promise.all([app.api.get("/routing").then((r) => r.body), observed()]);
     } catch (err) {
       if (!app.isCurrent()) return;
       failed(body, err, "Could not read the routing configuration");
       root.dataset.state = "error";
       return;
     }
-    if (app.isCurrent()) draw(config);
+    if (app.isCurrent()) draw(config, seen);
   }
 
-  function draw(c) {
+  /** Endpoint health by name and the metrics' samples, each null when it cannot be read. */
+  async function observed() {
+    const [health, samples] = await Promise.all([
+      app.api.get("/routing/endpointsHealth")
+        .then((r) => Object.fromEntries((r.body.value || []).map((x) => [x.endpointId, x])), () => null),
+      app.api.get("/console/api/metrics").then((r) => parsePrometheus(r.body), () => null),
+    ]);
+    return { health, samples };
+  }
+
+  function draw(c, seen) {
     const routes = c.routes || [];
     const enrichments = c.enrichments || [];
     const endpoints = c.endpoints || [];
     const names = endpoints.map((e) => e.name);
     body.dataset.state = "ready";
     replace(body,
-      fallbackSection(c),
-      routesSection(routes, names),
-      endpointsSection(endpoints, routes, enrichments, Boolean(c.fallbackRoute && c.fallbackRoute.isEnabled)),
+      fallbackSection(c, seen),
+      routesSection(routes, names, seen),
+      endpointsSection(endpoints, routes, enrichments, Boolean(c.fallbackRoute && c.fallbackRoute.isEnabled), seen),
       enrichmentsSection(enrichments, names),
       tester.el);
     const nothing = routes.length === 0 && enrichments.length === 0 && endpoints.length <= 1;
@@ -51,7 +70,7 @@ export default async function render(root, app) {
   }
 
   // -- fallback -----------------------------------------------------------------------------
-  function fallbackSection(c) {
+  function fallbackSection(c, seen) {
     const on = Boolean(c.fallbackRoute && c.fallbackRoute.isEnabled);
     const t = toggle("Send device messages that no route matches to the built-in events endpoint", on, "fallback-toggle");
     guard(t.box, app, WRITE);
@@ -69,11 +88,18 @@ export default async function render(root, app) {
     });
     return section("Fallback route", [badge(on ? "on" : "off", on ? "ok" : "warn")],
       h("div", { class: "fallback-row" }, t.el),
-      h("p", { class: "hint" }, "With it off, unmatched device messages are acknowledged and dropped. Hub events never use the fallback."));
+      h("p", { class: "hint" }, "With it off, unmatched device messages are acknowledged and dropped. Hub events never use the fallback."),
+      h("p", { class: "hint", dataset: { testid: "unmatched-counts" } }, unmatchedLine(seen.samples)));
+  }
+
+  function unmatchedLine(samples) {
+    if (!samples) return "Counts of unmatched messages cannot be read now.";
+    const count = (outcome) => total(samples, "ferrohub_routing_unmatched_total", (l) => l.outcome === outcome) ?? 0;
+    return `Device messages no route matched since the hub started: ${count("fallback")} sent to events by the fallback route, ${count("orphaned")} dropped.`;
   }
 
   // -- routes --------------------------------------------------------------------------------
-  function routesSection(routes, names) {
+  function routesSection(routes, names, seen) {
     const add = guard(btn("Add route", () => editRoute(null, names), { kind: "primary", small: true, testid: "add-route" }), app, WRITE);
     if (!routes.length) {
       return section("Routes", [add], emptyLine("No routes: every device message goes to the built-in events endpoint through the fallback route.", "routes-empty"));
@@ -84,13 +110,15 @@ export default async function render(root, app) {
       ["Condition", code(r.condition)],
       ["Endpoints", r.endpointNames.join(", ")],
       ["Enabled", badge(r.isEnabled ? "enabled" : "disabled", r.isEnabled ? "ok" : "muted")],
+      ["Matched", counted(seen.samples, "ferrohub_route_matched_total", (l) => l.route === r.name), "num"],
       ["", h("div", { class: "row-actions" },
         btn("Test", () => tester.prefill(r.condition), { small: true, testid: `test-route-${r.name}`, title: "Evaluate this condition against a sample message" }),
         guard(btn("Edit", () => editRoute(r, names), { small: true, testid: `edit-route-${r.name}` }), app, WRITE),
         guard(btn("Delete", () => remove("route", () => `/routing/routes/${seg(r.name)}`, r.name), { small: true, kind: "danger", testid: `delete-route-${r.name}` }), app, WRITE)),
       "actions"],
     ], { dataset: { route: r.name } }));
-    return section("Routes", [add], table(["Name", "Source", "Condition", "Endpoints", "Enabled", h("span", { class: "sr-only" }, "Actions")], rows, { testid: "routes-table", caption: "Routes" }));
+    return section("Routes", [add], table(["Name", "Source", "Condition", "Endpoints", "Enabled", "Matched", h("span", { class: "sr-only" }, "Actions")], rows, { testid: "routes-table", caption: "Routes" }),
+      h("p", { class: "hint" }, "Matched: messages and events each route matched since the hub started (the cluster's writer, in a cluster)."));
   }
 
   async function editRoute(r, names) {
@@ -131,7 +159,7 @@ export default async function render(root, app) {
   }
 
   // -- endpoints -----------------------------------------------------------------------------
-  function endpointsSection(endpoints, routes, enrichments, fallbackOn) {
+  function endpointsSection(endpoints, routes, enrichments, fallbackOn, seen) {
     const add = guard(btn("Add endpoint", addEndpoint, { kind: "primary", small: true, testid: "add-endpoint" }), app, WRITE);
     const users = (n) => [
       ...routes.filter((r) => r.endpointNames.includes(n)).map((r) => `route ${r.name}`),
@@ -150,14 +178,55 @@ export default async function render(root, app) {
       return row([
         ["Name", h("span", {}, h("strong", {}, e.name), builtin ? [" ", badge("built-in", "info")] : null)],
         ["Partitions", String(e.partitionCount)],
+        ["Target", targetOf(e)],
+        ["Health", healthOf(e, seen.health)],
+        ["Backlog", e[kindOf(e)] ? counted(seen.samples, "ferrohub_endpoint_backlog_events", (l) => l.endpoint === e.name) : "—", "num"],
+        ["Deliveries", e[kindOf(e)] ? deliveriesOf(e.name, seen.samples) : "—"],
         ["Used by", shown.length ? shown.join(", ") : "—"],
         ["Read at", code(builtin ? "/events/…" : `/endpoints/${e.name}/…`)],
         ["", h("div", { class: "row-actions" }, del), "actions"],
       ], { dataset: { endpoint: e.name } });
     });
     return section("Endpoints", [add],
-      table(["Name", "Partitions", "Used by", "Read API", h("span", { class: "sr-only" }, "Actions")], rows, { testid: "endpoints-table", caption: "Endpoints" }),
-      h("p", { class: "hint" }, "Custom endpoints are Event Hubs-compatible streams inside the hub, read with the same read API as events."));
+      table(["Name", "Partitions", "Target", "Health", "Backlog", "Deliveries", "Used by", "Read API", h("span", { class: "sr-only" }, "Actions")], rows, { testid: "endpoints-table", caption: "Endpoints" }),
+      h("p", { class: "hint" }, "Custom endpoints are Event Hubs-compatible streams inside the hub, read with the same read API as events. One with a target also hands its events to a receiver outside the hub: its backlog is what that receiver has not accepted yet."));
+  }
+
+  function kindOf(e) {
+    return TARGETS.find((k) => e[k]) || null;
+  }
+
+  function targetOf(e) {
+    const kind = kindOf(e);
+    if (!kind) return e.name === "events" ? "inside the hub" : "inside the hub (read API)";
+    const t = e[kind];
+    return h("span", { dataset: { testid: `target-${e.name}` } }, badge(kind, "info"), " ", code(t.url || t.containerName || ""));
+  }
+
+  function healthOf(e, health) {
+    if (!kindOf(e)) return "—";
+    const x = health && health[e.name];
+    if (!x) return "—";
+    const status = x.healthStatus;
+    const el = h("span", { dataset: { testid: `health-${e.name}` } }, badge(status, HEALTH_BADGE[status] || "muted"));
+    if (x.lastKnownError) el.title = `Last error: ${x.lastKnownError}`;
+    return el;
+  }
+
+  function deliveriesOf(name, samples) {
+    if (!samples) return "—";
+    const of = (outcome) => total(samples, "ferrohub_endpoint_deliveries_total", (l) => l.endpoint === name && l.outcome === outcome) ?? 0;
+    const parts = [`${of("delivered")} delivered`];
+    for (const [outcome, label] of NOT_DELIVERED) {
+      const n = of(outcome);
+      if (n) parts.push(`${n} ${label}`);
+    }
+    return h("span", { dataset: { testid: `deliveries-${name}` } }, parts.join(" · "));
+  }
+
+  /** A counter or gauge summed over the samples `filter` keeps: 0 when absent, "—" without samples. */
+  function counted(samples, metric, filter) {
+    return samples ? String(total(samples, metric, filter) ?? 0) : "—";
   }
 
   async function addEndpoint() {

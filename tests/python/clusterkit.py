@@ -51,7 +51,8 @@ class Cluster(Hub):
     # -- processes ---------------------------------------------------------------------------
     def start(self, timeout: float = 240, seed: Path | None = None, cluster_config: str = "") -> "Cluster":
         """Starts the cluster; with `seed` (a data directory outside any cluster) a new cluster
-        holding that directory's hub; `cluster_config`: more `[cluster]` lines for every node."""
+        holding that directory's hub; `cluster_config`: more lines for every node's file, after
+        its `[cluster]` lines (more `[cluster]` keys, then any other sections)."""
         from hubkit import STARTED
 
         STARTED.append(self)

@@ -84,19 +84,27 @@ def owner(hub):
 
 
 @pytest.fixture(scope="module")
-def sdk_hub(tmp_path_factory):
+def sdk_hub(request, tmp_path_factory):
     """A hub on the fixed ports the official SDKs use (8883, 443, 5671): one per test module,
     so modules that use it run one after another. With FERROHUB_TEST_CLUSTER=1 it is a
-    three-node cluster behind HAProxy on those ports instead (clusterkit, docs/cluster.md)."""
+    three-node cluster behind HAProxy on those ports instead (clusterkit, docs/cluster.md).
+    A module's `HUB_CONFIG` (configuration file text, sections other than [hub], [listeners]
+    and [cluster]) is given to the hub, or to every node of the cluster."""
+    extra = getattr(request.module, "HUB_CONFIG", "")
     if os.environ.get("FERROHUB_TEST_CLUSTER") == "1":
         from clusterkit import Cluster
 
-        c = Cluster(tmp_path_factory.mktemp("sdk-cluster")).start()
+        c = Cluster(tmp_path_factory.mktemp("sdk-cluster")).start(cluster_config=extra)
         yield c
         c.stop()
         return
-    h = Hub(tmp_path_factory.mktemp("sdk") / "hub")
+    root = tmp_path_factory.mktemp("sdk")
+    h = Hub(root / "hub")
     h.https_addr, h.mqtt_addr, h.amqp_addr = "127.0.0.1:443", "127.0.0.1:8883", "127.0.0.1:5671"
-    h.start()
+    args = []
+    if extra:
+        (root / "hub.toml").write_text(extra)
+        args = ["--config", str(root / "hub.toml")]
+    h.start(args)
     yield h
     h.stop()

@@ -53,11 +53,12 @@ def device(hub, device_id: str) -> IoTHubDeviceClient:
 
 
 def metric(hub, name: str, **labels) -> float:
-    """One sample of the hub's /metrics (0 when absent)."""
+    """One sample of the hub's /metrics (0 when absent); of the writer's, in a cluster (it
+    routes and delivers)."""
     import requests
     from prometheus_client.parser import text_string_to_metric_families
 
-    r = requests.get(f"http://127.0.0.1:{hub.metrics_port}/metrics", timeout=10)
+    r = requests.get(f"{hub.metrics_base()}/metrics", timeout=10)
     assert r.status_code == 200, r.text
     for family in text_string_to_metric_families(r.text):
         for s in family.samples:

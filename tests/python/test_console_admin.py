@@ -6,6 +6,7 @@ the UI changes the twins it selects; a job scheduled for later is cancelled), co
 policies (keys only on request; a read-only policy is refused with 401), and the pages at a
 phone's size. Every effect is read back through the hub's REST and read APIs."""
 
+import base64
 import time
 import urllib.parse
 
@@ -197,6 +198,49 @@ def test_route_test_box_evaluates_conditions(hub, page):
     page.fill(testid("route-test-props"), "{not json")
     result, text = run_route_test(page, condition="true")
     assert result == "error" and "Application properties" in text, text
+    errors.assert_none()
+
+
+def test_routing_page_shows_delivery_health_backlog_and_counts(hub, page, tmp_path):
+    """A webhook endpoint whose receiver is down: the page shows its target, `unhealthy` health,
+    the backlog it holds and what it delivered; the route's matches; the unmatched counts. Each
+    figure is the hub's own (GET /routing/endpointsHealth, /metrics), compared here."""
+    from deliverykit import health, metric
+    from webhookkit import Receiver
+
+    errors = ConsoleErrors(page)
+    hub.create_device("obs-dev")
+    closed = Receiver(tmp_path / "hook")  # closed at once: nothing listens at its address
+    url, ca = closed.url, closed.ca_cert.read_text()
+    closed.close()
+    hook = {"url": url, "signingKey": base64.b64encode(b"k" * 32).decode(), "caCertificate": ca, "timeoutSeconds": 2}
+    r = rest(hub, "PUT", "/routing/endpoints/hook", json={"partitionCount": 1, "webhook": hook})
+    assert r.status_code == 201, r.text
+    put_route(hub, "to-hook", "DeviceMessages", "level = 'high'", ["hook"])
+    for i in range(3):
+        send_http(hub, "obs-dev", f'{{"n": {i}}}', mid=f"obs-{i}", props={"level": "high"})
+    send_http(hub, "obs-dev", '{"n": 9}', mid="obs-unmatched", props={"level": "low"})
+    eventually(lambda: _assert(metric(hub, "ferrohub_endpoint_backlog_events", endpoint="hook") == 3))
+    eventually(lambda: _assert(health(hub)["hook"]["healthStatus"] == "unhealthy"))
+
+    sign_in(page, hub)
+    assert go(page, "routing") == "ready"
+    row = page.locator('tr[data-endpoint="hook"]')
+    target = row.locator(testid("target-hook")).inner_text()
+    assert "webhook" in target and url in target, target
+    assert row.locator(testid("health-hook")).inner_text() == "unhealthy"
+    assert (row.locator(testid("health-hook")).get_attribute("title") or "").startswith("Last error: "), \
+        "the health badge names the receiver's last error"
+    assert row.locator('td[data-label="Backlog"]').inner_text() == "3"
+    assert row.locator(testid("deliveries-hook")).inner_text() == "0 delivered"
+    route = page.locator('tr[data-route="to-hook"]')
+    assert route.locator('td[data-label="Matched"]').inner_text() == "3"
+    builtin = page.locator('tr[data-endpoint="events"]')
+    assert builtin.locator('td[data-label="Target"]').inner_text() == "inside the hub"
+    assert builtin.locator('td[data-label="Health"]').inner_text() == "—"
+    unmatched = page.locator(testid("unmatched-counts")).inner_text()
+    assert "1 sent to events" in unmatched and "0 dropped" in unmatched, unmatched
+    shot(page, "routing-delivery", full_page=True)
     errors.assert_none()
 
 

@@ -26,91 +26,16 @@ import hashlib
 import hmac
 import json
 import os
-import ssl
-import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 from azure.iot.device import IoTHubDeviceClient, Message
 
-import certs
 from deliverykit import device, drop_routing, health, put_route, wait_for
+from webhookkit import Receiver, put_webhook_endpoint, webhook
 
 CLUSTER = os.environ.get("FERROHUB_TEST_CLUSTER") == "1"
-
-
-class Receiver:
-    """An HTTPS webhook receiver on 127.0.0.1: records POSTs; `status` decides the answer."""
-
-    def __init__(self, work: Path, port: int = 0):
-        work.mkdir(parents=True, exist_ok=True)
-        if not (work / "hook-ca.pem").exists():
-            self.ca_cert, self.ca_key = certs.ca(work, "hook")
-            self.cert, self.key = certs.server_signed_by(work, "receiver", ["127.0.0.1", "localhost"],
-                                                         self.ca_cert, self.ca_key)
-        else:
-            self.ca_cert, self.cert, self.key = work / "hook-ca.pem", work / "receiver.pem", work / "receiver.key"
-        self.posts: list[dict] = []
-        self.status = 200
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self):  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                status = receiver.status
-                if status == 200:
-                    with receiver.lock:
-                        receiver.posts.append({"headers": {k.lower(): v for k, v in self.headers.items()},
-                                               "body": body})
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                if status != 200:
-                    # A refusing (or closed) receiver drops the connection: the hub's next
-                    # attempt connects anew, to whatever listens then.
-                    self.send_header("Connection", "close")
-                    self.close_connection = True
-                self.end_headers()
-
-            def log_message(self, *_):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(str(self.cert), str(self.key))
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}/hook"
-
-    def close(self):
-        self.status = 503  # kept-alive connections the server no longer owns answer so and close
-        self.server.shutdown()
-        self.server.server_close()
-
-    def received(self) -> list[dict]:
-        with self.lock:
-            return list(self.posts)
-
-
-def webhook(receiver: Receiver, key: str, **extra) -> dict:
-    return {"url": receiver.url, "signingKey": key, "caCertificate": receiver.ca_cert.read_text(),
-            "timeoutSeconds": 2, **extra}
-
-
-def put_webhook_endpoint(hub, name: str, hook: dict, partitions: int = 2) -> dict:
-    r = hub.request("PUT", f"/routing/endpoints/{name}", hub.token(),
-                    json={"partitionCount": partitions, "webhook": hook})
-    assert r.status_code == 201, r.text
-    return r.json()
 
 
 def send(client: IoTHubDeviceClient, kind: str, n: int, start: int = 0, **props):
@@ -154,6 +79,10 @@ def test_posts_carry_body_properties_and_a_signature_that_verifies(sdk_hub, rece
     answer = put_webhook_endpoint(sdk_hub, "hook-a", webhook(receiver, key))
     assert answer["webhook"]["signingKey"] == key and answer["webhook"]["url"] == receiver.url
     put_route(sdk_hub, "to-hook-a", "kind = 'signed'", ["hook-a", "events"])
+    # An enrichment for the webhook endpoint alone: its posts carry it, the built-in copies not.
+    r = sdk_hub.request("PUT", "/routing/enrichments/site", sdk_hub.token(),
+                        json={"value": "lab-7", "endpointNames": ["hook-a"]})
+    assert r.status_code == 200, r.text
     try:
         client = device(sdk_hub, "wh-signed")
         try:
@@ -172,8 +101,11 @@ def test_posts_carry_body_properties_and_a_signature_that_verifies(sdk_hub, rece
             assert int(h["x-ferrohub-sequence-number"]) >= 0
             assert h["x-property-kind"] == "signed"
             assert urllib.parse.unquote(h["x-property-unit"]) == "°C / s"
+            assert h["x-property-site"] == "lab-7"
             assert "iothub-enqueuedtime" in h
         assert sequence_of(posts, "wh-signed", "signed")[:3] == [0, 1, 2]
+        builtin = wait_for(lambda: sdk_hub.events_of("wh-signed"), lambda e: len(e) >= 3)
+        assert all(e["properties"].get("kind") == "signed" and "site" not in e["properties"] for e in builtin)
         # The configuration shows the target but not its key.
         shown = [e for e in sdk_hub.request("GET", "/routing", sdk_hub.token()).json()["endpoints"]
                  if e["name"] == "hook-a"][0]
@@ -183,6 +115,7 @@ def test_posts_carry_body_properties_and_a_signature_that_verifies(sdk_hub, rece
             posts[0]["headers"]["x-ferrohub-signature"]
         assert health(sdk_hub)["hook-a"]["healthStatus"] == "healthy"
     finally:
+        sdk_hub.request("DELETE", "/routing/enrichments/site", sdk_hub.token())
         drop_routing(sdk_hub, ["to-hook-a"], ["hook-a"])
 
 

@@ -388,6 +388,7 @@ impl Services {
         )));
         tasks.push(tokio::spawn(hub::delivery::run(
             ctx.clone(),
+            config.routing.endpoint_backlog_limit(),
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(hub::retention::run(

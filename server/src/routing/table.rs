@@ -7,7 +7,7 @@
 //! goes nowhere unless routed. Enrichments add application properties to the copies sent to
 //! the endpoints they name.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use ferrohub_engine::d2c::{EndpointSlot, NewEvent};
@@ -213,6 +213,9 @@ pub struct Router {
     /// Held across "store a configuration, install its table", so tables are installed in the
     /// order their configurations were stored.
     changes: parking_lot::Mutex<()>,
+    /// Delivered endpoints whose backlog reached the hub's limit (set by the delivery tasks'
+    /// backlog watch): routes send them nothing until it drains.
+    full: RwLock<Arc<HashSet<String>>>,
 }
 
 impl Router {
@@ -222,7 +225,17 @@ impl Router {
             table: RwLock::new(Arc::new(table)),
             hub_name: hub_name.to_string(),
             changes: parking_lot::Mutex::new(()),
+            full: RwLock::default(),
         }
+    }
+
+    /// Replaces the set of endpoints whose backlog is full. A message a route sends to one of
+    /// them goes to the built-in endpoint instead when the fallback route is on (a device
+    /// message), else is dropped; either way it is counted against the endpoint
+    /// (`ferrohub_endpoint_deliveries_total{outcome="sent_to_fallback"|"dropped"}`), as IoT
+    /// Hub treats an endpoint that cannot take messages.
+    pub fn set_full_endpoints(&self, names: HashSet<String>) {
+        *self.full.write() = Arc::new(names);
     }
 
     /// Serialises configuration changes; see [`Router::install`].
@@ -295,6 +308,32 @@ impl Router {
         ))
     }
 
+    /// Takes the endpoints whose backlog is full out of `names`; with `fallback`, the built-in
+    /// endpoint takes their place (once).
+    fn divert_from_full<'a>(&self, names: &mut Vec<&'a str>, fallback: bool) {
+        let full = Arc::clone(&self.full.read());
+        if full.is_empty() {
+            return;
+        }
+        let outcome = if fallback {
+            "sent_to_fallback"
+        } else {
+            "dropped"
+        };
+        let before = names.len();
+        names.retain(|name| {
+            let keep = !full.contains(*name);
+            if !keep {
+                metrics::counter!("ferrohub_endpoint_deliveries_total", "endpoint" => name.to_string(), "outcome" => outcome)
+                    .increment(1);
+            }
+            keep
+        });
+        if fallback && names.len() < before && !names.contains(&BUILTIN_ENDPOINT) {
+            names.push(BUILTIN_ENDPOINT);
+        }
+    }
+
     fn route_by(
         &self,
         table: &Table,
@@ -321,7 +360,14 @@ impl Router {
                 }
             }
         }
-        if names.is_empty() && source == EventSource::DeviceMessages {
+        let matched = !names.is_empty();
+        if matched {
+            self.divert_from_full(
+                &mut names,
+                table.fallback && source == EventSource::DeviceMessages,
+            );
+        }
+        if !matched && source == EventSource::DeviceMessages {
             // IoT Hub's fallback and orphaned telemetry: matched by no route, sent to the
             // built-in endpoint by the fallback route, or (with it off) dropped.
             let outcome = if table.fallback {
@@ -460,6 +506,47 @@ mod tests {
             message().application_properties
         );
         assert_eq!(routed[0].endpoints.as_ref().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn a_full_endpoint_gets_nothing_its_messages_going_to_the_fallback_or_nowhere() {
+        fn slots(name: &str) -> Option<EndpointSlot> {
+            Some(EndpointSlot {
+                base: if name == BUILTIN_ENDPOINT { 0 } else { 32 },
+                partitions: 4,
+                id: 0,
+            })
+        }
+        let config = |fallback_enabled| RoutingConfig {
+            routes: vec![Route {
+                name: "all".into(),
+                source: EventSource::DeviceMessages,
+                condition: "true".into(),
+                endpoints: vec!["hook".into()],
+                enabled: true,
+            }],
+            fallback_enabled,
+            enrichments: Vec::new(),
+        };
+        let bases = |router: &Router| -> Vec<u16> {
+            router
+                .route_without_store(message(), None, UnixMillis(1))
+                .expect("no twin read")
+                .into_iter()
+                .flat_map(|e| e.endpoints.unwrap_or_default())
+                .map(|slot| slot.base)
+                .collect()
+        };
+        let full = || HashSet::from(["hook".to_string()]);
+        let with_fallback = Router::new(compile(&config(true), &slots).expect("compiles"), "hub");
+        assert_eq!(bases(&with_fallback), vec![32]);
+        with_fallback.set_full_endpoints(full());
+        assert_eq!(bases(&with_fallback), vec![0]);
+        with_fallback.set_full_endpoints(HashSet::new());
+        assert_eq!(bases(&with_fallback), vec![32]);
+        let without = Router::new(compile(&config(false), &slots).expect("compiles"), "hub");
+        without.set_full_endpoints(full());
+        assert!(bases(&without).is_empty());
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! endpoint whose other partitions deliver is not unknown).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,9 +34,24 @@ pub enum HealthStatus {
 }
 
 /// One partition's delivery as its task last saw it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PartitionHealth {
     state: Mutex<State>,
+    /// The sequence number of the next event to deliver ([`UNKNOWN`] until the task read its
+    /// cursor): what the backlog is counted from.
+    position: AtomicU64,
+}
+
+/// A position not known yet.
+const UNKNOWN: u64 = u64::MAX;
+
+impl Default for PartitionHealth {
+    fn default() -> PartitionHealth {
+        PartitionHealth {
+            state: Mutex::default(),
+            position: AtomicU64::new(UNKNOWN),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -49,6 +65,15 @@ struct State {
 }
 
 impl PartitionHealth {
+    /// The task's next event to deliver moved to `next`.
+    pub fn set_position(&self, next: u64) {
+        self.position.store(next, Ordering::Relaxed);
+    }
+
+    fn position(&self) -> Option<u64> {
+        Some(self.position.load(Ordering::Relaxed)).filter(|p| *p != UNKNOWN)
+    }
+
     pub fn accepted(&self, now: UnixMillis) {
         let mut s = self.state.lock();
         if s.retrying || s.dead {
@@ -120,6 +145,16 @@ impl DeliveryHealth {
     /// Forgets endpoints no longer delivered.
     pub fn retain(&self, delivered: impl Fn(&str) -> bool) {
         self.partitions.lock().retain(|(e, _), _| delivered(e));
+    }
+
+    /// Where each partition's task stands: (endpoint, partition, next event to deliver), for
+    /// the partitions whose task read its cursor.
+    pub fn positions(&self) -> Vec<(String, u16, u64)> {
+        self.partitions
+            .lock()
+            .iter()
+            .filter_map(|((e, p), h)| Some((e.clone(), *p, h.position()?)))
+            .collect()
     }
 
     /// Every delivered endpoint's health, by name.

@@ -10,8 +10,8 @@
 //! - Each partition of each delivered endpoint has its own task ([`worker`]): a receiver that
 //!   is down holds back only its own endpoint's events, never another endpoint, the built-in
 //!   endpoint or device telemetry. Its backlog stays in the endpoint's partitions, bounded by
-//!   the hub's retention like every endpoint's; what expires undelivered is counted
-//!   (`outcome="expired"`).
+//!   `[routing] endpoint_backlog_limit` ([`backlog`]) and the hub's retention; what expires
+//!   undelivered is counted (`outcome="expired"`).
 //! - The set of tasks follows the stored endpoints within [`RECONCILE`]: a new or changed
 //!   target, or an endpoint deleted and made again (another slot), starts (or restarts) its
 //!   tasks, a removed one stops them. A restart waits for the old tasks to end before the new
@@ -21,6 +21,7 @@
 //!   closes.
 
 mod archive;
+mod backlog;
 mod client_tls;
 mod headers;
 pub mod health;
@@ -66,8 +67,10 @@ impl Running {
     }
 }
 
-/// Keeps one task per partition of every endpoint with a target, until `shutdown`.
-pub async fn run(ctx: HubContext, shutdown: CancellationToken) {
+/// Keeps one task per partition of every endpoint with a target, and the backlog watch (at most
+/// `backlog_limit` events per endpoint), until `shutdown`.
+pub async fn run(ctx: HubContext, backlog_limit: u64, shutdown: CancellationToken) {
+    let watch = tokio::spawn(backlog::watch(ctx.clone(), backlog_limit, shutdown.clone()));
     let mut running: HashMap<String, Running> = HashMap::new();
     loop {
         let listed = ctx
@@ -88,6 +91,7 @@ pub async fn run(ctx: HubContext, shutdown: CancellationToken) {
     for (_, r) in running.drain() {
         r.stop().await;
     }
+    let _ = watch.await;
 }
 
 /// Makes the running tasks match the endpoints with a target.

@@ -132,8 +132,8 @@ async fn publish(
 ) -> Result<(), String> {
     let event_headers = headers::of(endpoint, event);
     let properties = PublishProperties {
-        content_type: Some(event_headers.content_type),
         // A property too long for MQTT is left out rather than the message refused.
+        content_type: Some(event_headers.content_type).filter(|c| c.len() <= MAX_PROPERTY),
         user_properties: event_headers
             .pairs
             .into_iter()

@@ -12,30 +12,34 @@ use super::nats::NatsSender;
 use super::storage_writer::StorageWriter;
 use super::webhook::WebhookSender;
 
-/// A partition's way to its endpoint's target.
+/// A partition's way to its endpoint's target: how its task hands the events over.
 pub enum Sender {
+    /// One event at a time ([`super::worker`]'s loop).
+    Each(EventSender),
+    /// Written in batches to a storage container ([`super::storage`]'s loop).
+    Batched(Arc<StorageWriter>),
+}
+
+/// The targets that take events one by one.
+pub enum EventSender {
     /// Shared by the endpoint's partitions (one pool of HTTP connections).
     Webhook(Arc<WebhookSender>),
     /// Shared likewise (one NATS connection multiplexes the publishes).
     Nats(Arc<NatsSender>),
     /// A connection of its own per partition (one publish in flight on it).
     Mqtt(MqttSender),
-    /// Written in batches, not event by event: the partition's task runs
-    /// [`super::storage`]'s loop instead of offering events one at a time.
-    Storage(Arc<StorageWriter>),
 }
 
-impl Sender {
+impl EventSender {
     /// Offers one event; `Ok` once the target accepted it.
     ///
     /// # Errors
     /// What went wrong, for the endpoint's health and the log.
     pub async fn post(&self, event: &D2cEvent) -> Result<(), String> {
         match self {
-            Sender::Webhook(s) => s.post(event).await,
-            Sender::Nats(s) => s.post(event).await,
-            Sender::Mqtt(s) => s.post(event).await,
-            Sender::Storage(_) => Err("a storage container is written in batches".into()),
+            EventSender::Webhook(s) => s.post(event).await,
+            EventSender::Nats(s) => s.post(event).await,
+            EventSender::Mqtt(s) => s.post(event).await,
         }
     }
 }
@@ -56,22 +60,25 @@ pub async fn for_partitions(
         DeliveryTarget::Webhook(w) => {
             let shared = Arc::new(WebhookSender::new(&endpoint.name, w)?);
             partitions
-                .map(|p| (p, Sender::Webhook(Arc::clone(&shared))))
+                .map(|p| (p, Sender::Each(EventSender::Webhook(Arc::clone(&shared)))))
                 .collect()
         }
         DeliveryTarget::Nats(b) => {
             let shared = Arc::new(NatsSender::new(&endpoint.name, b)?);
             partitions
-                .map(|p| (p, Sender::Nats(Arc::clone(&shared))))
+                .map(|p| (p, Sender::Each(EventSender::Nats(Arc::clone(&shared)))))
                 .collect()
         }
         DeliveryTarget::Mqtt(b) => partitions
-            .map(|p| MqttSender::new(&endpoint.name, p, b).map(|s| (p, Sender::Mqtt(s))))
+            .map(|p| {
+                MqttSender::new(&endpoint.name, p, b)
+                    .map(|s| (p, Sender::Each(EventSender::Mqtt(s))))
+            })
             .collect::<Result<_, _>>()?,
         DeliveryTarget::Storage(t) => partitions
             .map(|p| {
                 StorageWriter::new(t, hub_name, p - endpoint.slot.base)
-                    .map(|w| (p, Sender::Storage(Arc::new(w))))
+                    .map(|w| (p, Sender::Batched(Arc::new(w))))
             })
             .collect::<Result<_, _>>()?,
     })

@@ -20,12 +20,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::archive::{self, BatchEncoder};
 use super::storage_writer::StorageWriter;
-use super::worker::PartitionDelivery;
+use super::worker::{Backoff, PartitionDelivery};
 
 /// Events read per page while a batch is measured or written.
 const PAGE: usize = 256;
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How long past its window a batch waits before it is closed: an event enqueued just
 /// before the window ended may become readable a moment after (its time is given before it
 /// is durable), and must land in this batch, as it would in a rewrite.
@@ -55,11 +53,12 @@ impl PartitionDelivery {
         let Some(mut next) = self.stored_cursor(&stop).await else {
             return;
         };
+        self.health.set_position(next);
         'batches: loop {
             let Some(batch) = self.measure(writer, next, &stop).await else {
                 return;
             };
-            let mut backoff = FIRST_BACKOFF;
+            let mut backoff = Backoff::new();
             loop {
                 let outcome = tokio::select! {
                     biased;
@@ -88,14 +87,12 @@ impl PartitionDelivery {
                         self.health.failed(error, now);
                     }
                 }
-                tokio::select! {
-                    biased;
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
+                if !backoff.wait(&stop).await {
+                    return;
                 }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
             }
             next = batch.last + 1;
+            self.health.set_position(next);
             // A cursor not stored now is stored with the next batch: the blob is rewritten
             // whole, never appended to, so writing it again is harmless.
             self.store_cursor(next).await;

@@ -18,7 +18,7 @@ use ferrohub_engine::d2c::{D2cEvent, ReadPosition};
 use tokio_util::sync::CancellationToken;
 
 use super::health::PartitionHealth;
-use super::sender::Sender;
+use super::sender::{EventSender, Sender};
 use crate::hub::HubContext;
 
 /// Events read per pass.
@@ -27,6 +27,27 @@ const BATCH: usize = 64;
 const IDLE_CHECK: Duration = Duration::from_secs(2);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The wait between failed attempts at the same event or batch: doubling from
+/// [`FIRST_BACKOFF`] to [`MAX_BACKOFF`].
+pub(super) struct Backoff(Duration);
+
+impl Backoff {
+    pub(super) fn new() -> Backoff {
+        Backoff(FIRST_BACKOFF)
+    }
+
+    /// Waits the current backoff and doubles it; `false` when `stop` came first.
+    pub(super) async fn wait(&mut self, stop: &CancellationToken) -> bool {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return false,
+            _ = tokio::time::sleep(self.0) => {}
+        }
+        self.0 = (self.0 * 2).min(MAX_BACKOFF);
+        true
+    }
+}
 
 /// What one partition's task needs.
 pub struct PartitionDelivery {
@@ -47,13 +68,17 @@ enum Offered {
 impl PartitionDelivery {
     /// Delivers until `stop`.
     pub async fn run(self, stop: CancellationToken) {
-        if let Sender::Storage(writer) = &self.sender {
-            let writer = std::sync::Arc::clone(writer);
-            return self.run_batches(&writer, stop).await;
-        }
+        let sender = match &self.sender {
+            Sender::Batched(writer) => {
+                let writer = Arc::clone(writer);
+                return self.run_batches(&writer, stop).await;
+            }
+            Sender::Each(sender) => sender,
+        };
         let Some(mut next) = self.stored_cursor(&stop).await else {
             return;
         };
+        self.health.set_position(next);
         let mut stored = next;
         loop {
             // Subscribe before reading: an append after the read wakes the wait.
@@ -81,8 +106,11 @@ impl PartitionDelivery {
                 }
             }
             for event in &events {
-                match self.offer(event, &stop).await {
-                    Offered::Accepted | Offered::DeadLettered => next = event.sequence_number + 1,
+                match self.offer(sender, event, &stop).await {
+                    Offered::Accepted | Offered::DeadLettered => {
+                        next = event.sequence_number + 1;
+                        self.health.set_position(next);
+                    }
                     Offered::Stopped => break,
                 }
             }
@@ -146,14 +174,19 @@ impl PartitionDelivery {
     }
 
     /// Offers one event until it is accepted, dead-lettered, or the task stops.
-    async fn offer(&self, event: &D2cEvent, stop: &CancellationToken) -> Offered {
+    async fn offer(
+        &self,
+        sender: &EventSender,
+        event: &D2cEvent,
+        stop: &CancellationToken,
+    ) -> Offered {
         let first_offer = Instant::now();
-        let mut backoff = FIRST_BACKOFF;
+        let mut backoff = Backoff::new();
         loop {
             let outcome = tokio::select! {
                 biased;
                 _ = stop.cancelled() => return Offered::Stopped,
-                outcome = self.sender.post(event) => outcome,
+                outcome = sender.post(event) => outcome,
             };
             let now = self.ctx.clock.now();
             match outcome {
@@ -180,12 +213,9 @@ impl PartitionDelivery {
                     self.health.failed(error, now);
                 }
             }
-            tokio::select! {
-                biased;
-                _ = stop.cancelled() => return Offered::Stopped,
-                _ = tokio::time::sleep(backoff) => {}
+            if !backoff.wait(stop).await {
+                return Offered::Stopped;
             }
-            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 
