@@ -360,12 +360,13 @@ export function badge(text, kind = "muted") {
 /**
  * A <table> from column heads and rows (<tr> elements). `cards: true` turns each row into a
  * card on narrow screens, each cell labelled with its column's head (set `data-label` on the
- * cells, or let `labelCells` do it from the heads' text).
+ * cells, or let `labelCells` do it from the heads' text). A head may be a <th> of its own (to
+ * give it a class).
  */
 export function table(heads, rows, { testid, caption, cards = false } = {}) {
   const t = h("table", { class: ["table", cards ? "table-cards" : ""], dataset: testid ? { testid } : undefined },
     caption ? h("caption", { class: "sr-only" }, caption) : null,
-    h("thead", {}, h("tr", {}, heads.map((x) => h("th", { scope: "col" }, x)))),
+    h("thead", {}, h("tr", {}, heads.map((x) => (x instanceof HTMLTableCellElement ? x : h("th", { scope: "col" }, x))))),
     h("tbody", {}, rows));
   if (cards) labelCells(t);
   return h("div", { class: "table-wrap" }, t);
