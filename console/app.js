@@ -8,7 +8,7 @@ import * as sessionStore from "./lib/session.js";
 import { createApi, ApiError } from "./lib/api.js";
 import * as ui from "./lib/ui.js";
 
-const PAGES = ["signin", "overview", "devices", "routing", "jobs", "configurations", "certificates", "policies"];
+const PAGES = ["signin", "overview", "devices", "stream", "routing", "jobs", "configurations", "certificates", "policies"];
 
 const page = document.getElementById("page");
 const nav = document.getElementById("main-nav");
@@ -63,7 +63,7 @@ function updateShell(routeName) {
 }
 
 function pageTitle(name) {
-  const t = { device: "Device", notfound: "Not found" }[name] || name;
+  const t = { device: "Device", notfound: "Not found", stream: "Live events" }[name] || name;
   return t.charAt(0).toUpperCase() + t.slice(1);
 }
 

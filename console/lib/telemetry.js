@@ -62,6 +62,52 @@ function prettyJson(v) {
   return line.length <= 100 ? line : JSON.stringify(v, null, 2);
 }
 
+/**
+ * One event as the tails show it: time, partition and sequence number, the sending device (with
+ * `withDevice`), its source when not telemetry, the body, and its properties.
+ */
+export function eventCard(ev, { withDevice = false, testid = "tail-event" } = {}) {
+  const body = decodeBody(ev.body);
+  const sys = ev.systemProperties || {};
+  const props = Object.entries(ev.properties || {});
+  const sysShown = ["message-id", "correlation-id", "content-type", "content-encoding", "dt-dataschema", "dt-subject"]
+    .filter((k) => sys[k] !== undefined);
+  const device = sys["iothub-connection-device-id"];
+  return h("article", { class: "event", dataset: { testid } },
+    h("div", { class: "event-head" },
+      h("strong", {}, formatTime(ev.enqueuedTimeUtc)),
+      withDevice && device !== undefined ? h("span", { class: "event-device", dataset: { testid: "event-device" } }, device) : null,
+      h("span", {}, `partition ${ev.partitionId} · #${ev.sequenceNumber}`),
+      sys["iothub-connection-module-id"] ? h("span", {}, `module ${sys["iothub-connection-module-id"]}`) : null,
+      sys["iothub-message-source"] && sys["iothub-message-source"] !== "Telemetry"
+        ? h("span", { class: "event-source", dataset: { testid: "event-source" } }, sys["iothub-message-source"]) : null,
+      body.binary ? h("span", {}, "binary (base64)") : null),
+    h("pre", { class: "event-body", dataset: { testid: "tail-body" } }, body.json !== undefined ? prettyJson(body.json) : body.text),
+    props.length || sysShown.length ? h("div", { class: "props", dataset: { testid: "tail-props" } },
+      props.map(([k, v]) => h("span", { class: "prop", dataset: { testid: "tail-prop" } }, `${k}: ${v}`)),
+      sysShown.map((k) => h("span", { class: "prop prop-sys", title: "system property" }, `${k}: ${sys[k]}`))) : null);
+}
+
+/** Saves events as a JSON lines file named `name` (the body decoded when it is text or JSON). */
+export function downloadJsonLines(events, name) {
+  const lines = events.map((ev) => {
+    const body = decodeBody(ev.body);
+    return JSON.stringify({
+      enqueuedTimeUtc: ev.enqueuedTimeUtc, partitionId: ev.partitionId, sequenceNumber: ev.sequenceNumber, offset: ev.offset,
+      systemProperties: ev.systemProperties, properties: ev.properties,
+      body: body.binary ? null : (body.json !== undefined ? body.json : body.text), bodyBase64: ev.body,
+    });
+  });
+  const blob = new Blob([lines.join("\n") + "\n"], { type: "application/x-ndjson" });
+  const url = URL.createObjectURL(blob);
+  const a = h("a", { href: url, download: name, class: "offscreen" });
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
+  toast(`Downloaded ${events.length} events`, "ok", 2000);
+}
+
 /** Renders the tail into `el`; it starts when `start()` is called and stops on leave. */
 export function telemetryTail(el, app, { deviceId, moduleId = null }) {
   const canRead = app.can("ServiceConnect");
@@ -95,25 +141,6 @@ export function telemetryTail(el, app, { deviceId, moduleId = null }) {
     status.classList.toggle("error-text", kind === "error");
   };
 
-  function render(ev) {
-    const body = decodeBody(ev.body);
-    const sys = ev.systemProperties || {};
-    const props = Object.entries(ev.properties || {});
-    const sysShown = ["message-id", "correlation-id", "content-type", "content-encoding", "dt-dataschema", "dt-subject"]
-      .filter((k) => sys[k] !== undefined);
-    return h("article", { class: "event", dataset: { testid: "tail-event" } },
-      h("div", { class: "event-head" },
-        h("strong", {}, formatTime(ev.enqueuedTimeUtc)),
-        h("span", {}, `partition ${ev.partitionId} · #${ev.sequenceNumber}`),
-        sys["iothub-connection-module-id"] ? h("span", {}, `module ${sys["iothub-connection-module-id"]}`) : null,
-        sys["iothub-message-source"] && sys["iothub-message-source"] !== "Telemetry" ? h("span", {}, sys["iothub-message-source"]) : null,
-        body.binary ? h("span", {}, "binary (base64)") : null),
-      h("pre", { class: "event-body", dataset: { testid: "tail-body" } }, body.json !== undefined ? prettyJson(body.json) : body.text),
-      props.length || sysShown.length ? h("div", { class: "props", dataset: { testid: "tail-props" } },
-        props.map(([k, v]) => h("span", { class: "prop", dataset: { testid: "tail-prop" } }, `${k}: ${v}`)),
-        sysShown.map((k) => h("span", { class: "prop prop-sys", title: "system property" }, `${k}: ${sys[k]}`))) : null);
-  }
-
   function add(batch) {
     const mine = batch.filter((ev) => {
       const sys = ev.systemProperties || {};
@@ -124,7 +151,7 @@ export function telemetryTail(el, app, { deviceId, moduleId = null }) {
     list.querySelector("[data-testid=tail-empty]")?.remove();
     for (const ev of mine) {
       events.push(ev);
-      list.prepend(render(ev));
+      list.prepend(eventCard(ev));
     }
     while (events.length > MAX_KEPT) {
       events.shift();
@@ -224,24 +251,7 @@ export function telemetryTail(el, app, { deviceId, moduleId = null }) {
     count.textContent = "0 events";
     downloadBtn.disabled = true;
   });
-  downloadBtn.addEventListener("click", () => {
-    const lines = events.map((ev) => {
-      const body = decodeBody(ev.body);
-      return JSON.stringify({
-        enqueuedTimeUtc: ev.enqueuedTimeUtc, partitionId: ev.partitionId, sequenceNumber: ev.sequenceNumber, offset: ev.offset,
-        systemProperties: ev.systemProperties, properties: ev.properties,
-        body: body.binary ? null : (body.json !== undefined ? body.json : body.text), bodyBase64: ev.body,
-      });
-    });
-    const blob = new Blob([lines.join("\n") + "\n"], { type: "application/x-ndjson" });
-    const url = URL.createObjectURL(blob);
-    const a = h("a", { href: url, download: `${deviceId}${moduleId ? "-" + moduleId : ""}-telemetry.jsonl`, class: "offscreen" });
-    document.body.appendChild(a);
-    a.click();
-    a.remove();
-    setTimeout(() => URL.revokeObjectURL(url), 10_000);
-    toast(`Downloaded ${events.length} events`, "ok", 2000);
-  });
+  downloadBtn.addEventListener("click", () => downloadJsonLines(events, `${deviceId}${moduleId ? "-" + moduleId : ""}-telemetry.jsonl`));
   groupSelect.addEventListener("change", () => {
     group = groupSelect.value;
     const was = running;

@@ -13,6 +13,8 @@
 //!   `iothubowner` holds), never cached.
 //! - `POST routing/test`: whether a routing condition matches a sample message and twin,
 //!   evaluated by the router's own condition code (IoT Hub's "test route").
+//! - `GET stream` (ServiceConnect): the built-in endpoint's events from every partition in one
+//!   long poll ([`super::stream`]), for the hub-wide live view.
 
 use std::collections::BTreeMap;
 
@@ -44,6 +46,7 @@ pub fn routes(ctx: Context, node: NodeInfo) -> BoxedFilter<(Response,)> {
             warp::path!("policies").and(warp::get()).and(caller()).then(policies_handler).boxed(),
             warp::path!("policies" / PathId / "keys").and(warp::get()).and(caller()).then(keys_handler).boxed(),
             warp::path!("routing" / "test").and(warp::post()).and(caller()).and(json_body()).then(route_test_handler).boxed(),
+            warp::path!("stream").and(warp::get()).and(warp::query::<super::stream::StreamQuery>()).and(caller()).then(super::stream::stream_handler).boxed(),
         ]))
         .boxed()
 }

@@ -16,6 +16,7 @@
 mod api;
 mod assets;
 pub mod recent_log;
+mod stream;
 
 use warp::filters::BoxedFilter;
 use warp::Filter;

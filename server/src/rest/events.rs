@@ -65,9 +65,10 @@ impl PartitionJson {
     }
 }
 
+/// An event as the read API shows it (also the console's hub-wide stream).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct EventJson {
+pub(crate) struct EventJson {
     partition_id: String,
     sequence_number: u64,
     offset: String,

@@ -12,7 +12,7 @@ mod certificates;
 mod configurations;
 mod digital_twins;
 pub mod error;
-mod events;
+pub(crate) mod events;
 mod files;
 mod identities;
 pub mod identity_json;
