@@ -6,7 +6,7 @@
 // either read failing leaves those cells at "—", never the page.
 import { h, replace, loading, failed, toast, dialog, confirm, jsonEditor, field, badge, table, pageHeader, errorText } from "../lib/ui.js";
 import { seg } from "../lib/api.js";
-import { parsePrometheus, total } from "../lib/metrics.js";
+import { parsePrometheus, total, quantile, formatSeconds } from "../lib/metrics.js";
 import { useAdminCss, guard, btn, input, select, checkboxes, toggle, row, code, inlineError, section, emptyLine, jsonOf } from "../lib/admin-ui.js";
 
 const SOURCES = ["DeviceMessages", "TwinChangeEvents", "DeviceLifecycleEvents", "DeviceConnectionStateEvents", "DigitalTwinChangeEvents"];
@@ -221,7 +221,19 @@ export default async function render(root, app) {
       const n = of(outcome);
       if (n) parts.push(`${n} ${label}`);
     }
+    const latency = latencyOf(name, samples);
+    if (latency) parts.push(latency);
     return h("span", { dataset: { testid: `deliveries-${name}` } }, parts.join(" · "));
+  }
+
+  /** "latency p50 … / p99 …" since the hub started, from enqueueing to acceptance; null before any. */
+  function latencyOf(name, samples) {
+    const base = "ferrohub_endpoint_delivery_latency_seconds";
+    const mine = { [`${base}_bucket`]: (samples[`${base}_bucket`] || []).filter((s) => s.labels.endpoint === name) };
+    const p50 = quantile(null, mine, base, 0.5), p99 = quantile(null, mine, base, 0.99);
+    if (!p50 || !p99) return null;
+    const shown = (q) => (q.over ? `over ${formatSeconds(q.value)}` : formatSeconds(q.value));
+    return `latency p50 ${shown(p50)} / p99 ${shown(p99)}`;
   }
 
   /** A counter or gauge summed over the samples `filter` keeps: 0 when absent, "—" without samples. */

@@ -202,9 +202,10 @@ def test_route_test_box_evaluates_conditions(hub, page):
 
 
 def test_routing_page_shows_delivery_health_backlog_and_counts(hub, page, tmp_path):
-    """A webhook endpoint whose receiver is down: the page shows its target, `unhealthy` health,
-    the backlog it holds and what it delivered; the route's matches; the unmatched counts. Each
-    figure is the hub's own (GET /routing/endpointsHealth, /metrics), compared here."""
+    """A webhook endpoint whose receiver is down and one whose receiver takes everything: the page
+    shows each target, health (`unhealthy`, `healthy`), the backlog held, what was delivered and
+    its latency; the route's matches; the unmatched counts. Each figure is the hub's own
+    (GET /routing/endpointsHealth, /metrics), compared here."""
     from deliverykit import health, metric
     from webhookkit import Receiver
 
@@ -213,15 +214,19 @@ def test_routing_page_shows_delivery_health_backlog_and_counts(hub, page, tmp_pa
     closed = Receiver(tmp_path / "hook")  # closed at once: nothing listens at its address
     url, ca = closed.url, closed.ca_cert.read_text()
     closed.close()
+    live = Receiver(tmp_path / "hook")  # the same CA: one certificate file for both endpoints
     hook = {"url": url, "signingKey": base64.b64encode(b"k" * 32).decode(), "caCertificate": ca, "timeoutSeconds": 2}
-    r = rest(hub, "PUT", "/routing/endpoints/hook", json={"partitionCount": 1, "webhook": hook})
-    assert r.status_code == 201, r.text
-    put_route(hub, "to-hook", "DeviceMessages", "level = 'high'", ["hook"])
+    for name, target in (("hook", hook), ("hook-live", {**hook, "url": live.url})):
+        r = rest(hub, "PUT", f"/routing/endpoints/{name}", json={"partitionCount": 1, "webhook": target})
+        assert r.status_code == 201, r.text
+    put_route(hub, "to-hook", "DeviceMessages", "level = 'high'", ["hook", "hook-live"])
     for i in range(3):
         send_http(hub, "obs-dev", f'{{"n": {i}}}', mid=f"obs-{i}", props={"level": "high"})
     send_http(hub, "obs-dev", '{"n": 9}', mid="obs-unmatched", props={"level": "low"})
     eventually(lambda: _assert(metric(hub, "ferrohub_endpoint_backlog_events", endpoint="hook") == 3))
     eventually(lambda: _assert(health(hub)["hook"]["healthStatus"] == "unhealthy"))
+    eventually(lambda: _assert(len(live.received()) == 3))
+    eventually(lambda: _assert(metric(hub, "ferrohub_endpoint_deliveries_total", endpoint="hook-live", outcome="delivered") == 3))
 
     sign_in(page, hub)
     assert go(page, "routing") == "ready"
@@ -233,6 +238,11 @@ def test_routing_page_shows_delivery_health_backlog_and_counts(hub, page, tmp_pa
         "the health badge names the receiver's last error"
     assert row.locator('td[data-label="Backlog"]').inner_text() == "3"
     assert row.locator(testid("deliveries-hook")).inner_text() == "0 delivered"
+    delivered = page.locator('tr[data-endpoint="hook-live"]')
+    assert delivered.locator(testid("health-hook-live")).inner_text() == "healthy"
+    assert delivered.locator('td[data-label="Backlog"]').inner_text() == "0"
+    counts = delivered.locator(testid("deliveries-hook-live")).inner_text()
+    assert counts.startswith("3 delivered · latency p50 ") and " / p99 " in counts, counts
     route = page.locator('tr[data-route="to-hook"]')
     assert route.locator('td[data-label="Matched"]').inner_text() == "3"
     builtin = page.locator('tr[data-endpoint="events"]')
@@ -242,6 +252,7 @@ def test_routing_page_shows_delivery_health_backlog_and_counts(hub, page, tmp_pa
     assert "1 sent to events" in unmatched and "0 dropped" in unmatched, unmatched
     shot(page, "routing-delivery", full_page=True)
     errors.assert_none()
+    live.close()
 
 
 # -- jobs ----------------------------------------------------------------------------------------
