@@ -1,11 +1,13 @@
 // Devices: a plain search (lib/device-search.js) and the twin query language over
 // POST /devices/query (paged server-side with x-ms-max-item-count / x-ms-continuation), create,
-// enable/disable, delete, regenerate keys and connection strings.
+// enable/disable, delete, regenerate keys and connection strings; several devices at once
+// through lib/device-bulk.js.
 import {
   identityHash, createIdentityDialog, setStatus, deleteIdentity, showConnectionStrings, blockUnaddressable,
 } from "../lib/identity.js";
 import { h } from "../lib/ui.js";
 import { searchForm } from "../lib/device-search.js";
+import { bulkSelection } from "../lib/device-bulk.js";
 
 const DEFAULT_QUERY = "SELECT * FROM devices";
 const EXAMPLES = [
@@ -71,9 +73,12 @@ export default async function render(root, app) {
   const countEl = h("span", { class: "muted", dataset: { testid: "device-count" } });
 
   const pager = ui.pager({ fetchPage: loadPage, testid: "devices-pager" });
+  // After a bulk action the page shown is read again (statuses, tags, deleted rows).
+  const bulk = bulkSelection(app, { onDone: () => pager.refresh() });
 
   async function loadPage(continuation, { signal, isCurrent }) {
     ui.loading(listEl);
+    bulk.reset(); // a selection is of the rows shown: the rows about to be drawn start with none
     const headers = { "x-ms-max-item-count": String(pageSize) };
     if (continuation) headers["x-ms-continuation"] = continuation;
     let r;
@@ -103,15 +108,16 @@ export default async function render(root, app) {
 
   function twinTable(rows) {
     const isModules = rows.some((t) => t.moduleId);
+    // Bulk actions are on devices: a list of modules has no checkboxes.
     return ui.table(
-      [isModules ? "Device / module" : "Device", "Status", "Connection", "Tags",
+      [isModules ? null : bulk.headCell(), isModules ? "Device / module" : "Device", "Status", "Connection", "Tags",
         h("th", { scope: "col", class: "hide-medium" }, "Auth"), "Last activity",
         h("th", { scope: "col", class: "hide-medium", title: "Cloud-to-device messages queued" }, "C2D"),
-        h("span", { class: "sr-only" }, "Actions")],
-      rows.map((t) => row(t)), { testid: "devices-table", caption: "Devices", cards: true });
+        h("span", { class: "sr-only" }, "Actions")].filter(Boolean),
+      rows.map((t) => row(t, !isModules)), { testid: "devices-table", caption: "Devices", cards: true });
   }
 
-  function row(t) {
+  function row(t, selectable) {
     const id = t.deviceId;
     const mid = t.moduleId || null;
     const label = mid ? `${id}/${mid}` : id;
@@ -143,6 +149,7 @@ export default async function render(root, app) {
     const blocked = blockUnaddressable(actions, id, mid);
     const connected = t.connectionState === "Connected";
     return h("tr", { dataset: { testid: "device-row", deviceId: label } },
+      selectable ? bulk.rowCell(id) : null,
       idCell(id, mid, label, blocked ? del.title : null, t.modelId),
       h("td", {}, ui.badge(enabled ? "enabled" : "disabled", enabled ? "ok" : "muted")),
       h("td", {}, ui.badge(connected ? "connected" : "disconnected", connected ? "info" : "muted")),
@@ -235,6 +242,7 @@ export default async function render(root, app) {
           type: "button", class: "btn btn-small btn-link", onclick: () => { queryInput.value = q; run(); },
         }, label)),
         h("span", { class: "spacer" }), countEl),
+      bulk.el,
       listEl,
       pager.el));
   if (!canRead) {

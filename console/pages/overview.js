@@ -1,7 +1,9 @@
 // Overview: the hub at a glance, refreshed every few seconds. Device counts from
 // GET /statistics/devices (RegistryRead), hub facts from GET /console/api/session, rates and
 // latencies from two samples of GET /console/api/metrics, partitions from GET /events/partitions
-// (ServiceConnect), recent warnings and errors from GET /console/api/errors.
+// (ServiceConnect), the built-in endpoint's consumer groups (lib/consumer-groups.js), recent
+// warnings and errors from GET /console/api/errors.
+import { consumerGroupsCard } from "../lib/consumer-groups.js";
 import { parsePrometheus, rate, total, quantile, formatSeconds, formatRate, formatBytes } from "../lib/metrics.js";
 
 const REFRESH_MS = 5000;
@@ -27,6 +29,8 @@ export default async function render(root, app) {
   const trafficBody = h("div", { dataset: { testid: "traffic" } });
   const partitionsBody = h("div", { dataset: { testid: "partitions" } });
   const errorsBody = h("div", { dataset: { testid: "recent-errors" } });
+  // Read on arrival and on Refresh, not every 5 seconds: it is edited here, not watched.
+  const groups = consumerGroupsCard(app);
 
   replace(root,
     ui.pageHeader("Overview", `${app.info.hubName} · ${app.info.hostName}`, updated, refreshBtn),
@@ -39,6 +43,7 @@ export default async function render(root, app) {
     h("div", { class: "grid grid-2" },
       ui.card("Hub", hubBody),
       ui.card("Partitions (built-in endpoint)", partitionsBody)),
+    h("div", { style: { marginTop: "16px" } }, groups.el),
     h("div", { style: { marginTop: "16px" } }, ui.card("Recent warnings and errors", errorsBody)));
   [hubBody, trafficBody, partitionsBody, errorsBody].forEach((el) => ui.loading(el));
 
@@ -184,10 +189,10 @@ export default async function render(root, app) {
     refreshBtn.disabled = false;
   }
 
-  refreshBtn.addEventListener("click", refresh);
+  refreshBtn.addEventListener("click", () => { refresh(); groups.load(); });
   const timer = setInterval(refresh, REFRESH_MS);
   app.onLeave(() => { stopped = true; clearInterval(timer); });
-  await refresh();
+  await Promise.all([refresh(), groups.load()]);
   // A second metrics sample soon after the first, so rates show without waiting a whole period.
   const quick = setTimeout(() => { if (!stopped && !busy) refreshMetrics().catch((err) => ui.failed(trafficBody, err)); }, 1500);
   app.onLeave(() => clearTimeout(quick));

@@ -96,17 +96,21 @@ def testid(name: str) -> str:
 testid.__test__ = False  # a helper, not a test (pytest collects test* names a test module imports)
 
 
-def shot(page, name: str, full_page: bool = False) -> Path:
-    """Saves docs/console/{name}.png (or under FERROHUB_CONSOLE_SHOTS)."""
+def shot(page, name: str, full_page: bool = False, at: str | None = None) -> Path:
+    """Saves docs/console/{name}.png (or under FERROHUB_CONSOLE_SHOTS): the top of the page, or
+    with `at` (a CSS selector) the window scrolled so that element is at its top."""
     out = Path(os.environ.get("FERROHUB_CONSOLE_SHOTS", REPO / "docs" / "console"))
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.png"
     # Let layout settle; no caret, no passing toasts, so shots are stable.
-    page.evaluate("""() => {
+    page.evaluate("""(at) => {
         document.activeElement?.blur?.();
-        window.scrollTo(0, 0);
+        const el = at && document.querySelector(at);
+        // Below the sticky top bar, not under it.
+        const bar = document.querySelector('.topbar')?.getBoundingClientRect().height || 0;
+        window.scrollTo(0, el ? el.getBoundingClientRect().top + window.scrollY - bar - 16 : 0);
         document.querySelectorAll('.toast').forEach((t) => t.remove());
-    }""")
+    }""", at)
     time.sleep(0.3)
     page.screenshot(path=str(path), full_page=full_page, animations="disabled")
     return path
