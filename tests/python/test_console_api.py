@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from hubkit import sas_token
+
 
 def get(hub, path, policy):
     return hub.request("GET", path, hub.token(policy))
@@ -57,6 +59,41 @@ def test_policy_list_has_no_keys_and_keys_need_every_right(hub):
         assert r.status_code == 401, policy
         assert "primaryKey" not in r.text
     assert get(hub, "/console/api/policies/nope/keys", "iothubowner").status_code == 404
+
+
+def test_provisioning_overview_and_keys_for_the_console(hub):
+    """The ID scope and provisioning policies for any service-side policy; a provisioning
+    policy's keys only for one holding every hub right, and they sign the DPS service API."""
+    for policy in ["iothubowner", "registryRead", "service"]:
+        r = get(hub, "/console/api/provisioning", policy)
+        assert r.status_code == 200, (policy, r.text)
+    body = r.json()
+    assert body["idScope"] == hub.cli("connection-string", "--id-scope")
+    assert body["globalEndpoint"] == "localhost"
+    rights = {p["keyName"]: p["rights"] for p in body["policies"]}
+    assert rights == {
+        "provisioningserviceowner":
+            "ServiceConfig, EnrollmentRead, EnrollmentWrite, RegistrationStatusRead, RegistrationStatusWrite",
+        "enrollmentread": "EnrollmentRead, RegistrationStatusRead",
+    }
+    assert "primaryKey" not in r.text
+    assert get(hub, "/console/api/provisioning", "device").status_code == 401
+
+    r = get(hub, "/console/api/provisioning/policies/provisioningserviceowner/keys", "iothubowner")
+    assert r.status_code == 200 and r.headers["Cache-Control"] == "no-store"
+    keys = r.json()
+    assert keys["connectionString"] == hub.cli("connection-string", "--provisioning")
+    assert keys["connectionString"].endswith(f"SharedAccessKey={keys['primaryKey']}")
+    assert keys["secondaryKey"] and keys["secondaryKey"] != keys["primaryKey"]
+    # The key answered signs the provisioning service API.
+    token = sas_token("localhost", keys["primaryKey"], policy="provisioningserviceowner")
+    r = hub.request("POST", "/enrollments/query?api-version=2021-10-01", token, json={"query": "*"})
+    assert r.status_code == 200, r.text
+    for policy in ["registryRead", "registryReadWrite", "service"]:
+        r = get(hub, "/console/api/provisioning/policies/provisioningserviceowner/keys", policy)
+        assert r.status_code == 401, policy
+        assert "primaryKey" not in r.text
+    assert get(hub, "/console/api/provisioning/policies/nope/keys", "iothubowner").status_code == 404
 
 
 def test_route_tester_evaluates_with_the_routers_own_conditions(hub):

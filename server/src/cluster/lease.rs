@@ -17,6 +17,7 @@
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv::{self, UpdateErrorKind};
+use async_nats::jetstream::ErrorCode;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -58,6 +59,34 @@ pub async fn current_holder(link: &Link) -> Result<Option<Holder>, ClusterError>
         Ok(_) => Ok(None),
         Err(e) => Err(ClusterError::nats("reading the writer lease", e)),
     }
+}
+
+/// Whether a write to the lease key was refused because the key moved on (another taker's
+/// value got there first), however the client reports it. nats-server 2.11 can refuse with
+/// code 10164 ("wrong last sequence", constant form), which the client passes on as a plain
+/// publish error rather than `AlreadyExists` or `WrongLastRevision`: taken for a NATS failure,
+/// a lost race sent a follower round its whole follow loop again, closing its listeners.
+fn refused_for_sequence(error: &(dyn std::error::Error + 'static)) -> bool {
+    const WRONG_LAST_SEQUENCE: [ErrorCode; 2] = [
+        ErrorCode::STREAM_WRONG_LAST_SEQUENCE,
+        ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT,
+    ];
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if let Some(js) = e.downcast_ref::<async_nats::jetstream::Error>() {
+            return WRONG_LAST_SEQUENCE.contains(&js.error_code());
+        }
+        cause = e.source();
+    }
+    false
+}
+
+fn create_lost(e: &kv::CreateError) -> bool {
+    e.kind() == kv::CreateErrorKind::AlreadyExists || refused_for_sequence(e)
+}
+
+fn update_lost(e: &kv::UpdateError) -> bool {
+    e.kind() == UpdateErrorKind::WrongLastRevision || refused_for_sequence(e)
 }
 
 /// The lease taken, and the log sequence this node's replica caught up to (or seeded).
@@ -111,7 +140,7 @@ impl WriterLease {
                         None
                     }
                 }
-                Ok(_) if create_error.kind() == kv::CreateErrorKind::AlreadyExists => None,
+                Ok(_) if create_lost(&create_error) => None,
                 Ok(_) => {
                     return Err(ClusterError::nats("taking the writer lease", create_error));
                 }
@@ -158,11 +187,9 @@ impl WriterLease {
         .await;
         let renewal = match updated {
             Ok(Ok(revision)) => Ok(revision),
-            Ok(Err(e)) if e.kind() == UpdateErrorKind::WrongLastRevision => {
-                tokio::time::timeout(patience, self.recheck())
-                    .await
-                    .unwrap_or_else(|_| Err(Renewal::Unknown))
-            }
+            Ok(Err(e)) if update_lost(&e) => tokio::time::timeout(patience, self.recheck())
+                .await
+                .unwrap_or_else(|_| Err(Renewal::Unknown)),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "cannot renew the writer lease");
                 Err(Renewal::Unknown)
@@ -207,7 +234,7 @@ impl WriterLease {
                     .await
                 {
                     Ok(revision) => Ok(revision),
-                    Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Err(Renewal::Lost),
+                    Err(e) if update_lost(&e) => Err(Renewal::Lost),
                     Err(e) => Err(unknown("renewing at the newer revision", &e)),
                 }
             }
@@ -216,7 +243,7 @@ impl WriterLease {
                     tracing::info!("the writer lease had expired unrenewed; took it back");
                     Ok(revision)
                 }
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Err(Renewal::Lost),
+                Err(e) if create_lost(&e) => Err(Renewal::Lost),
                 Err(e) => Err(unknown("taking it back", &e)),
             },
             Err(e) => Err(unknown("reading it", &e)),

@@ -13,6 +13,8 @@
 //!   `iothubowner` holds), never cached.
 //! - `POST routing/test`: whether a routing condition matches a sample message and twin,
 //!   evaluated by the router's own condition code (IoT Hub's "test route").
+//! - `GET provisioning`, `GET provisioning/policies/{name}/keys`: the provisioning service's
+//!   ID scope, policies and keys ([`super::provisioning`]).
 //! - `GET stream` (ServiceConnect): the built-in endpoint's events from every partition in one
 //!   long poll ([`super::stream`]), for the hub-wide live view.
 
@@ -46,6 +48,8 @@ pub fn routes(ctx: Context, node: NodeInfo) -> BoxedFilter<(Response,)> {
             warp::path!("policies").and(warp::get()).and(caller()).then(policies_handler).boxed(),
             warp::path!("policies" / PathId / "keys").and(warp::get()).and(caller()).then(keys_handler).boxed(),
             warp::path!("routing" / "test").and(warp::post()).and(caller()).and(json_body()).then(route_test_handler).boxed(),
+            warp::path!("provisioning").and(warp::get()).and(caller()).then(super::provisioning::overview_handler).boxed(),
+            warp::path!("provisioning" / "policies" / PathId / "keys").and(warp::get()).and(caller()).then(super::provisioning::keys_handler).boxed(),
             warp::path!("stream").and(warp::get()).and(warp::query::<super::stream::StreamQuery>()).and(caller()).then(super::stream::stream_handler).boxed(),
         ]))
         .boxed()
@@ -54,7 +58,7 @@ pub fn routes(ctx: Context, node: NodeInfo) -> BoxedFilter<(Response,)> {
 /// What the hub itself reports (metrics, its log, the policy list) is for the service side:
 /// a policy with RegistryRead or ServiceConnect, never one that only connects devices (the
 /// `device` policy is the credential field gateways carry).
-fn require_service_side(p: &Principal) -> Result<(), ApiError> {
+pub(super) fn require_service_side(p: &Principal) -> Result<(), ApiError> {
     require_policy(p)?;
     if p.require(Permission::RegistryRead).is_err() {
         p.require(Permission::ServiceConnect)?;
@@ -134,8 +138,9 @@ async fn policies_handler(ctx: Context, p: Principal) -> Handled {
     Ok(json_reply(&list))
 }
 
-async fn keys_handler(name: PathId, ctx: Context, p: Principal) -> Handled {
-    require_policy(&p)?;
+/// Keys are shown only to a policy holding all four rights (what `iothubowner` holds).
+pub(super) fn require_every_right(p: &Principal) -> Result<(), ApiError> {
+    require_policy(p)?;
     for right in [
         Permission::RegistryRead,
         Permission::RegistryWrite,
@@ -144,6 +149,11 @@ async fn keys_handler(name: PathId, ctx: Context, p: Principal) -> Handled {
     ] {
         p.require(right)?;
     }
+    Ok(())
+}
+
+async fn keys_handler(name: PathId, ctx: Context, p: Principal) -> Handled {
+    require_every_right(&p)?;
     let policy = ctx
         .settings
         .policy(&name.0)

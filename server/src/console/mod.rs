@@ -15,6 +15,7 @@
 
 mod api;
 mod assets;
+mod provisioning;
 pub mod recent_log;
 mod stream;
 

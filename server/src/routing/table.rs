@@ -8,6 +8,7 @@
 //! the endpoints they name.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ferrohub_engine::d2c::{EndpointSlot, NewEvent};
@@ -216,6 +217,9 @@ pub struct Router {
     /// Delivered endpoints whose backlog reached the hub's limit (set by the delivery tasks'
     /// backlog watch): routes send them nothing until it drains.
     full: RwLock<Arc<HashSet<String>>>,
+    /// Whether `full` is non-empty: the routing of every message reads this flag alone while
+    /// no endpoint is full, as it almost never is.
+    any_full: AtomicBool,
 }
 
 impl Router {
@@ -226,6 +230,7 @@ impl Router {
             hub_name: hub_name.to_string(),
             changes: parking_lot::Mutex::new(()),
             full: RwLock::default(),
+            any_full: AtomicBool::new(false),
         }
     }
 
@@ -235,7 +240,9 @@ impl Router {
     /// (`ferrohub_endpoint_deliveries_total{outcome="sent_to_fallback"|"dropped"}`), as IoT
     /// Hub treats an endpoint that cannot take messages.
     pub fn set_full_endpoints(&self, names: HashSet<String>) {
-        *self.full.write() = Arc::new(names);
+        let mut full = self.full.write();
+        self.any_full.store(!names.is_empty(), Ordering::Release);
+        *full = Arc::new(names);
     }
 
     /// Serialises configuration changes; see [`Router::install`].
@@ -311,10 +318,10 @@ impl Router {
     /// Takes the endpoints whose backlog is full out of `names`; with `fallback`, the built-in
     /// endpoint takes their place (once).
     fn divert_from_full<'a>(&self, names: &mut Vec<&'a str>, fallback: bool) {
-        let full = Arc::clone(&self.full.read());
-        if full.is_empty() {
+        if !self.any_full.load(Ordering::Acquire) {
             return;
         }
+        let full = Arc::clone(&self.full.read());
         let outcome = if fallback {
             "sent_to_fallback"
         } else {
