@@ -25,7 +25,7 @@ pub const BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0,
 ];
-const BUCKET_COUNT: usize = 16;
+pub const BUCKET_COUNT: usize = 16;
 /// The bounds in nanoseconds, for comparing without floating point.
 const BOUNDS_NANOS: [u64; BUCKET_COUNT] = [
     100_000,
@@ -84,6 +84,11 @@ impl Histogram {
     }
 
     /// Appends the histogram in Prometheus' text exposition format.
+    /// Each bucket's count so far, the last one past every bound (not cumulative).
+    pub fn counts(&self) -> [u64; BUCKET_COUNT + 1] {
+        std::array::from_fn(|i| self.counts[i].load(Ordering::Relaxed))
+    }
+
     pub fn render_into(&self, out: &mut String) {
         let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
         let _ = writeln!(out, "# TYPE {} histogram", self.name);

@@ -313,3 +313,32 @@ def test_a_followers_sessions_live_through_the_writers_loss(cluster, roles):
         cluster.start_node(w)
         cluster.wait_node_has_device(w, "stay-a")
         cluster.wait_node_serves(w)
+
+
+def test_each_node_charts_what_its_own_devices_did(cluster, roles):
+    """The console's history (`/console/api/history`) is each node's own: messages a device
+    sends through a follower are in that follower's points, and the console's provisioning
+    overview names the same ID scope on every node."""
+    _, a, _ = roles
+    token = cluster.token()
+
+    def sent_on(node):
+        r = cluster.node_request(node, "GET", "/console/api/history?minutes=60", token)
+        assert r.status_code == 200, (node, r.text)
+        body = r.json()
+        assert body["node"] == node
+        return sum(p["deviceMessages"] for p in body["points"])
+
+    before = sent_on(a)
+    cluster.create_device("charted-on-a")
+    client = device_on(cluster, a, "charted-on-a")
+    try:
+        client.connect()
+        for n in range(12):
+            client.send_message(Message(f"m{n}"))
+    finally:
+        client.shutdown()
+    assert sent_on(a) - before == 12
+
+    scopes = {cluster.node_request(n, "GET", "/console/api/provisioning", token).json()["idScope"] for n in NODES}
+    assert len(scopes) == 1 and scopes == {cluster.cli("connection-string", "--id-scope")}, scopes

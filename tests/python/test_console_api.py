@@ -8,6 +8,7 @@ import json
 import pytest
 
 from hubkit import sas_token
+from mqttraw import connect_device
 
 
 def get(hub, path, policy):
@@ -94,6 +95,37 @@ def test_provisioning_overview_and_keys_for_the_console(hub):
         assert r.status_code == 401, policy
         assert "primaryKey" not in r.text
     assert get(hub, "/console/api/provisioning/policies/nope/keys", "iothubowner").status_code == 404
+
+
+def test_history_counts_what_devices_did_with_their_puback_latency(hub):
+    """The console's charts read this: each point counts what happened in its interval, the
+    last one up to the moment of asking, so 25 messages just sent are in the points' sum."""
+    before = get(hub, "/console/api/history?minutes=5", "registryRead")
+    assert before.status_code == 200, before.text
+    sent_before = sum(p["deviceMessages"] for p in before.json()["points"])
+    hub.create_device("charted")
+    c = connect_device(hub, "charted")
+    try:
+        for pkid in range(1, 26):
+            c.publish("devices/charted/messages/events/", f"m{pkid}", qos=1, pkid=pkid)
+            c.expect_puback(pkid)
+        r = get(hub, "/console/api/history?minutes=5", "registryRead")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["intervalSeconds"] == 10 and body["minutes"] == 5 and body["node"] is None
+        assert {"name": "deviceMessages", "gauge": False} in body["series"]
+        points = body["points"]
+        assert points and all(p["seconds"] >= 0 for p in points)
+        assert sum(p["deviceMessages"] for p in points) - sent_before == 25
+        last = points[-1]
+        assert last["connectedDevices"] >= 1
+        # Some point holds those 25 PUBACKs, with a latency read from the histogram.
+        assert any(p["pubackP50Ms"] is not None and 0 < p["pubackP50Ms"] <= p["pubackP99Ms"] for p in points)
+    finally:
+        c.close()
+    # A window is 1 to 60 minutes; the hub's own reports are for the service side only.
+    assert get(hub, "/console/api/history?minutes=600", "service").json()["minutes"] == 60
+    assert get(hub, "/console/api/history", "device").status_code == 401
 
 
 def test_route_tester_evaluates_with_the_routers_own_conditions(hub):

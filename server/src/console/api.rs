@@ -15,6 +15,8 @@
 //!   evaluated by the router's own condition code (IoT Hub's "test route").
 //! - `GET provisioning`, `GET provisioning/policies/{name}/keys`: the provisioning service's
 //!   ID scope, policies and keys ([`super::provisioning`]).
+//! - `GET history?minutes=N` (RegistryRead or ServiceConnect): this node's counters over the
+//!   last N minutes, one point per sample interval ([`super::history`]).
 //! - `GET stream` (ServiceConnect): the built-in endpoint's events from every partition in one
 //!   long poll ([`super::stream`]), for the hub-wide live view.
 
@@ -27,9 +29,10 @@ use serde_json::{json, Value};
 use warp::filters::BoxedFilter;
 use warp::Filter;
 
+use super::access::{require_every_right, require_policy, require_service_side};
 use super::recent_log;
 use super::NodeInfo;
-use crate::auth::{AuthError, Permission, Principal};
+use crate::auth::{Permission, Principal};
 use crate::rest::error::ApiError;
 use crate::rest::reply::{json as json_reply, one_of, Handled, Response};
 use crate::rest::{caller, json_body, Context, PathId};
@@ -42,7 +45,7 @@ pub fn routes(ctx: Context, node: NodeInfo) -> BoxedFilter<(Response,)> {
     let node = warp::any().map(move || node.clone());
     warp::path("api")
         .and(one_of([
-            warp::path!("session").and(warp::get()).and(caller()).and(node).then(session_handler).boxed(),
+            warp::path!("session").and(warp::get()).and(caller()).and(node.clone()).then(session_handler).boxed(),
             warp::path!("metrics").and(warp::get()).and(caller()).then(metrics_handler).boxed(),
             warp::path!("errors").and(warp::get()).and(caller()).then(errors_handler).boxed(),
             warp::path!("policies").and(warp::get()).and(caller()).then(policies_handler).boxed(),
@@ -50,31 +53,10 @@ pub fn routes(ctx: Context, node: NodeInfo) -> BoxedFilter<(Response,)> {
             warp::path!("routing" / "test").and(warp::post()).and(caller()).and(json_body()).then(route_test_handler).boxed(),
             warp::path!("provisioning").and(warp::get()).and(caller()).then(super::provisioning::overview_handler).boxed(),
             warp::path!("provisioning" / "policies" / PathId / "keys").and(warp::get()).and(caller()).then(super::provisioning::keys_handler).boxed(),
+            warp::path!("history").and(warp::get()).and(warp::query::<super::history::HistoryQuery>()).and(caller()).and(node.clone()).then(super::history::history_handler).boxed(),
             warp::path!("stream").and(warp::get()).and(warp::query::<super::stream::StreamQuery>()).and(caller()).then(super::stream::stream_handler).boxed(),
         ]))
         .boxed()
-}
-
-/// What the hub itself reports (metrics, its log, the policy list) is for the service side:
-/// a policy with RegistryRead or ServiceConnect, never one that only connects devices (the
-/// `device` policy is the credential field gateways carry).
-pub(super) fn require_service_side(p: &Principal) -> Result<(), ApiError> {
-    require_policy(p)?;
-    if p.require(Permission::RegistryRead).is_err() {
-        p.require(Permission::ServiceConnect)?;
-    }
-    Ok(())
-}
-
-/// Any hub-scoped policy may use the console; the rights decide what it can do there.
-fn require_policy(p: &Principal) -> Result<(), ApiError> {
-    if p.scope != crate::auth::Scope::Hub {
-        return Err(AuthError::DeviceScoped.into());
-    }
-    match p.signer {
-        crate::auth::Signer::Policy(_) => Ok(()),
-        crate::auth::Signer::Identity { .. } => Err(AuthError::DeviceScoped.into()),
-    }
 }
 
 fn rights(p: &Permissions) -> Vec<&'static str> {
@@ -136,20 +118,6 @@ async fn policies_handler(ctx: Context, p: Principal) -> Handled {
         })
         .collect();
     Ok(json_reply(&list))
-}
-
-/// Keys are shown only to a policy holding all four rights (what `iothubowner` holds).
-pub(super) fn require_every_right(p: &Principal) -> Result<(), ApiError> {
-    require_policy(p)?;
-    for right in [
-        Permission::RegistryRead,
-        Permission::RegistryWrite,
-        Permission::ServiceConnect,
-        Permission::DeviceConnect,
-    ] {
-        p.require(right)?;
-    }
-    Ok(())
 }
 
 async fn keys_handler(name: PathId, ctx: Context, p: Principal) -> Handled {

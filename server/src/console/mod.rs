@@ -1,6 +1,7 @@
 //! The web console (CON-*): a single-page application served under `/console/` on the HTTPS
 //! listener, and the few read-only endpoints it needs that IoT Hub's REST API lacks
-//! (`/console/api/...`: the node's uptime and metrics, recent warnings, the policy list, and a
+//! (`/console/api/...`: the node's uptime, metrics and their last hour, recent warnings, the
+//! policy list, the provisioning service's scope and keys, the hub-wide event stream, and a
 //! routing condition tester).
 //!
 //! # Invariants
@@ -13,8 +14,10 @@
 //!   instead, for working on the console without rebuilding), and every page is served with a
 //!   Content-Security-Policy that allows no outside origin.
 
+mod access;
 mod api;
 mod assets;
+pub mod history;
 mod provisioning;
 pub mod recent_log;
 mod stream;
@@ -30,6 +33,8 @@ pub struct NodeInfo {
     /// The cluster node's name, `None` for a single node.
     pub node: Option<String>,
     pub started: chrono::DateTime<chrono::Utc>,
+    /// This node's counters over the last hour ([`history`]), sampled by [`history::keep`].
+    pub history: std::sync::Arc<history::History>,
 }
 
 /// `/console/...`: the assets and the console's API. A request outside `/console` is rejected

@@ -17,7 +17,7 @@
 use ferrohub_engine::provisioning::{ProvisioningRights, ProvisioningSettings};
 use serde_json::json;
 
-use super::api::{require_every_right, require_service_side};
+use super::access::{require_every_right, require_service_side};
 use crate::auth::Principal;
 use crate::rest::error::ApiError;
 use crate::rest::reply::{json as json_reply, Handled};

@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
@@ -34,6 +35,24 @@ pub struct Entry {
 fn ring() -> &'static Mutex<VecDeque<Entry>> {
     static RING: OnceLock<Mutex<VecDeque<Entry>>> = OnceLock::new();
     RING.get_or_init(|| Mutex::new(VecDeque::with_capacity(KEPT)))
+}
+
+fn logged(error: bool) -> &'static AtomicU64 {
+    static WARNINGS: AtomicU64 = AtomicU64::new(0);
+    static ERRORS: AtomicU64 = AtomicU64::new(0);
+    if error {
+        &ERRORS
+    } else {
+        &WARNINGS
+    }
+}
+
+/// How many warnings and errors the process logged since it started, whether kept or not.
+pub fn logged_counts() -> (u64, u64) {
+    (
+        logged(false).load(Ordering::Relaxed),
+        logged(true).load(Ordering::Relaxed),
+    )
 }
 
 /// The kept entries, newest first.
@@ -62,6 +81,7 @@ impl<S: Subscriber> Layer<S> for RecentLog {
         } else {
             return;
         };
+        logged(level == "ERROR").fetch_add(1, Ordering::Relaxed);
         let mut text = Fields::default();
         event.record(&mut text);
         keep(Entry {

@@ -312,7 +312,13 @@ async fn serve_services(
             .enabled()
             .then(|| config.cluster.node.clone()),
         started: chrono::Utc::now(),
+        history: Arc::default(),
     };
+    tokio::spawn(crate::console::history::keep(
+        ctx.clone(),
+        console_node.history.clone(),
+        shutdown.clone(),
+    ));
     let readiness = crate::transport::ops::Readiness::default();
     // The ops listener outlives the drain, so readiness can be seen going false.
     let ops_stop = CancellationToken::new();
