@@ -248,6 +248,40 @@ def test_a_follower_answers_with_its_own_writes_applied(cluster, roles):
         assert twin.json()["etag"] == patched.json()["etag"]
 
 
+def test_a_write_through_one_node_is_read_through_any_other(cluster, roles):
+    """Reads are consistent across nodes, as IoT Hub's are: a client that writes through one
+    node and reads at once through another (a balancer spreading its new connections) reads its
+    write. Each follower asks the log's end before a read and applies that far first. Writes on
+    the writer and on a follower; reads on the other follower; a device's twin GET over MQTT on
+    a follower sees a desired patch made through another node."""
+    w, a, b = roles
+    token = cluster.token()
+    for i in range(20):
+        writer_node, reader_node = (w, b) if i % 2 else (a, b)
+        device = f"across-{i}"
+        r = cluster.node_request(writer_node, "PUT", f"/devices/{device}", token, json={"deviceId": device})
+        assert r.status_code == 200, r.text
+        got = cluster.node_request(reader_node, "GET", f"/devices/{device}", token)
+        assert got.status_code == 200, (i, writer_node, reader_node, got.text)
+        patched = cluster.node_request(writer_node, "PATCH", f"/twins/{device}", token, json={"tags": {"n": i}})
+        assert patched.status_code == 200, patched.text
+        queried = cluster.node_request(reader_node, "POST", "/devices/query", token,
+                                       json={"query": f"SELECT * FROM devices WHERE deviceId = '{device}'"})
+        assert queried.status_code == 200 and [t["tags"] for t in queried.json()] == [{"n": i}], (i, queried.text)
+
+    cluster.create_device("across-twin")
+    client = device_on(cluster, b, "across-twin")
+    try:
+        client.connect()
+        for n in range(5):
+            r = cluster.node_request(a, "PATCH", "/twins/across-twin", token,
+                                     json={"properties": {"desired": {"n": n}}})
+            assert r.status_code == 200, r.text
+            assert client.get_twin()["desired"]["n"] == n
+    finally:
+        client.shutdown()
+
+
 def connection_state_on(cluster, node, device_id):
     r = cluster.node_request(node, "GET", f"/devices/{device_id}", cluster.token())
     assert r.status_code == 200, r.text

@@ -295,12 +295,8 @@ impl Link {
     /// 20 s (its lost-quorum check) and keeps answering, though it can no longer take an
     /// append and may no longer hold the log's end.
     async fn log_info(&self) -> Result<async_nats::jetstream::stream::Info, ClusterError> {
-        let info = self
-            .log_stream()
-            .await?
-            .get_info()
-            .await
-            .map_err(|e| ClusterError::nats("the commit log's state", e))?;
+        // Getting the stream asks its leader for the info already: one request, not two.
+        let info = self.log_stream().await?.cached_info().clone();
         match info.cluster.as_ref() {
             Some(cluster) if !leader_has_majority(cluster, self.section.lease) => {
                 Err(ClusterError::Nats(format!(

@@ -7,6 +7,11 @@
 //!   answers with the log sequence holding it. The follower answers its client only once its
 //!   own replica applied that sequence ([`Cluster::applied_through`]), so the client's next
 //!   read on this node sees its write.
+//! - A read on a follower sees every write any node acknowledged before the read came
+//!   ([`Cluster::caught_up_for_read`]): the follower asks the log's stream leader for the
+//!   log's end and answers once its replica applied that far. A client that writes through
+//!   one node and reads through another (a balancer spreading new connections) reads its
+//!   write, as with IoT Hub. The writer holds every write it acknowledged already.
 //! - The writer records, per connected identity, which node's connection is current
 //!   ([`Owners`]): a connection that ended records "disconnected" only while it still is.
 //! - A connection is named by its node, the node's incarnation (one per spell of serving in a
@@ -24,11 +29,17 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::bus::Bus;
+use crate::cluster::Link;
 use crate::ids::ClientId;
 
 /// How long a follower waits for its replica to apply a forwarded write before it answers
 /// anyway (the write is durable; only the read-your-writes promise is late).
 const APPLY_PATIENCE: Duration = Duration::from_secs(10);
+
+/// How long a follower waits for the log's end before a read; past it (NATS electing a
+/// leader, or unreachable: the node's standing then stops it serving) the read is served from
+/// the replica as it is.
+const LOG_END_PATIENCE: Duration = Duration::from_secs(2);
 
 /// Which part this node plays.
 pub enum Role {
@@ -128,6 +139,8 @@ pub struct Cluster {
     stopping: CancellationToken,
     /// This spell of serving in this role (see [`ConnectionRef`]).
     incarnation: u64,
+    /// A follower's way to the log's end, for reads ([`Cluster::caught_up_for_read`]).
+    log: Option<Link>,
 }
 
 /// A number no earlier spell of this node used: the time it starts, in microseconds.
@@ -147,15 +160,17 @@ impl Cluster {
             applied: watch::channel(0).1,
             stopping: CancellationToken::new(),
             incarnation: new_incarnation(),
+            log: None,
         }
     }
 
     /// A follower whose replica reports what it applied through `applied`, serving until
-    /// `stopping`.
+    /// `stopping`, reading the log's end through `log`.
     pub fn follower(
         bus: Bus,
         applied: watch::Receiver<u64>,
         stopping: CancellationToken,
+        log: Link,
     ) -> Cluster {
         Cluster {
             bus,
@@ -163,6 +178,7 @@ impl Cluster {
             applied,
             stopping,
             incarnation: new_incarnation(),
+            log: Some(log),
         }
     }
 
@@ -195,6 +211,28 @@ impl Cluster {
     /// The last log sequence this node applied.
     pub fn applied(&self) -> u64 {
         *self.applied.borrow()
+    }
+
+    /// Before a read: waits until this node holds every write acknowledged anywhere before
+    /// now. On the writer, at once; on a follower, once its replica applied the log's end as
+    /// the stream's leader reports it (one NATS request, at most [`LOG_END_PATIENCE`]; without
+    /// an answer the read goes on from the replica as it is).
+    pub async fn caught_up_for_read(&self) {
+        let Some(log) = &self.log else {
+            return;
+        };
+        match tokio::time::timeout(LOG_END_PATIENCE, log.log_end()).await {
+            Ok(Ok(end)) if end > self.applied() => self.applied_through(end).await,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "no log end for a read; reading the replica as it is");
+            }
+            Err(_) => {
+                tracing::debug!(
+                    "the log's end took too long for a read; reading the replica as it is"
+                );
+            }
+        }
     }
 
     /// Waits until this node's replica applied `seq` (at most [`APPLY_PATIENCE`], and not once

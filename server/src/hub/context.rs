@@ -184,6 +184,15 @@ impl HubContext {
         );
     }
 
+    /// Before a read a client may make right after a write through another node: on a cluster
+    /// follower, waits until this node holds every write acknowledged before now (see
+    /// [`super::cluster::Cluster::caught_up_for_read`]); at once anywhere else.
+    pub async fn caught_up_for_read(&self) {
+        if let Some(cluster) = &self.cluster {
+            cluster.caught_up_for_read().await;
+        }
+    }
+
     /// A new ordered lane for one connection's (or request's) device messages; on a cluster
     /// follower, one whose messages the writer appends.
     pub fn telemetry_lane(&self) -> AppendLane {

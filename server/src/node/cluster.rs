@@ -119,6 +119,7 @@ async fn follow(
             config: config.clone(),
             store: replica.store(),
             bus: bus.clone(),
+            link: link.clone(),
             applied,
             ops: Arc::clone(ops),
             readers,
@@ -161,6 +162,7 @@ struct FollowerServing {
     config: Config,
     store: Arc<Store>,
     bus: Bus,
+    link: Link,
     applied: tokio::sync::watch::Receiver<u64>,
     ops: Arc<ClusterOps>,
     readers: Arc<Mutex<Option<Arc<D2cNotify>>>>,
@@ -187,6 +189,7 @@ async fn serve_while_in_standing(
             f.bus.clone(),
             f.applied.clone(),
             spell.clone(),
+            f.link.clone(),
         ));
         let readers = Arc::clone(&f.readers);
         let serving = move |ctx: &crate::hub::HubContext| {

@@ -149,6 +149,7 @@ pub fn caller(
 /// Every route of the REST API, module by module, then the one `recover`.
 pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
     throttle(ctx.clone())
+        .and(consistent_reads(ctx.clone()))
         .and(table(ctx))
         .recover(error::recover)
         .unify()
@@ -258,6 +259,34 @@ fn throttle(ctx: Context) -> impl Filter<Extract = (), Error = Rejection> + Clon
             },
         )
         .untuple_one()
+}
+
+/// On a cluster follower, a read waits until the node holds every write acknowledged before
+/// it came ([`crate::hub::cluster::Cluster::caught_up_for_read`]), wherever it was written.
+fn consistent_reads(ctx: Context) -> impl Filter<Extract = (), Error = Rejection> + Clone {
+    warp::method()
+        .and(warp::path::full())
+        .and_then(
+            move |method: warp::http::Method, path: warp::path::FullPath| {
+                let ctx = ctx.clone();
+                async move {
+                    if is_read(&method, path.as_str()) {
+                        ctx.caught_up_for_read().await;
+                    }
+                    Ok::<(), Rejection>(())
+                }
+            },
+        )
+        .untuple_one()
+}
+
+/// GETs, and the POSTs that only read: the queries (`/devices/query`, the provisioning
+/// service's `/enrollments/query`, `/enrollmentGroups/query`, `/registrations/{id}/query`).
+fn is_read(method: &warp::http::Method, path: &str) -> bool {
+    use warp::http::Method;
+    method == Method::GET
+        || method == Method::HEAD
+        || (method == Method::POST && path.trim_end_matches('/').ends_with("/query"))
 }
 
 fn table(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
