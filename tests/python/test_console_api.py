@@ -128,6 +128,16 @@ def test_history_counts_what_devices_did_with_their_puback_latency(hub):
     assert get(hub, "/console/api/history", "device").status_code == 401
 
 
+def test_the_hubs_ca_downloads_without_a_token(hub):
+    """The CA devices and back-ends verify the hub with, as a plain link downloads it."""
+    r = hub.request("GET", "/console/api/ca.pem", None)
+    assert r.status_code == 200, r.text
+    assert r.headers["Content-Type"] == "application/x-pem-file"
+    assert 'filename="ferrohub-ca.pem"' in r.headers["Content-Disposition"]
+    assert r.content == open(hub.ca, "rb").read()
+    assert r.content.startswith(b"-----BEGIN CERTIFICATE-----")
+
+
 def test_route_tester_evaluates_with_the_routers_own_conditions(hub):
     sample = {
         "message": {

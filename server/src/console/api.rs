@@ -15,6 +15,8 @@
 //!   evaluated by the router's own condition code (IoT Hub's "test route").
 //! - `GET provisioning`, `GET provisioning/policies/{name}/keys`: the provisioning service's
 //!   ID scope, policies and keys ([`super::provisioning`]).
+//! - `GET ca.pem` (no token: the certificate is public, and a plain link downloads it): the
+//!   hub's CA certificate, what devices and back-ends verify the hub with.
 //! - `GET history?minutes=N` (RegistryRead or ServiceConnect): this node's counters over the
 //!   last N minutes, one point per sample interval ([`super::history`]).
 //! - `GET stream` (ServiceConnect): the built-in endpoint's events from every partition in one
@@ -53,6 +55,7 @@ pub fn routes(ctx: Context, node: NodeInfo) -> BoxedFilter<(Response,)> {
             warp::path!("routing" / "test").and(warp::post()).and(caller()).and(json_body()).then(route_test_handler).boxed(),
             warp::path!("provisioning").and(warp::get()).and(caller()).then(super::provisioning::overview_handler).boxed(),
             warp::path!("provisioning" / "policies" / PathId / "keys").and(warp::get()).and(caller()).then(super::provisioning::keys_handler).boxed(),
+            warp::path!("ca.pem").and(warp::get()).and(node.clone()).then(ca_handler).boxed(),
             warp::path!("history").and(warp::get()).and(warp::query::<super::history::HistoryQuery>()).and(caller()).and(node.clone()).then(super::history::history_handler).boxed(),
             warp::path!("stream").and(warp::get()).and(warp::query::<super::stream::StreamQuery>()).and(caller()).then(super::stream::stream_handler).boxed(),
         ]))
@@ -89,6 +92,25 @@ async fn session_handler(ctx: Context, p: Principal, node: NodeInfo) -> Handled 
         "permissions": rights(&p.permissions),
         "node": node.node,
     })))
+}
+
+async fn ca_handler(node: NodeInfo) -> Handled {
+    let pem = tokio::fs::read(&node.ca_file).await.map_err(|_| {
+        ApiError::NotFound(
+            "the hub's CA certificate (a hub serving a certificate of its operator's own has none here)".into(),
+        )
+    })?;
+    let mut response = warp::reply::Reply::into_response(pem);
+    let headers = response.headers_mut();
+    headers.insert(
+        "content-type",
+        warp::http::HeaderValue::from_static("application/x-pem-file"),
+    );
+    headers.insert(
+        "content-disposition",
+        warp::http::HeaderValue::from_static("attachment; filename=\"ferrohub-ca.pem\""),
+    );
+    Ok(response)
 }
 
 async fn metrics_handler(ctx: Context, p: Principal) -> Handled {

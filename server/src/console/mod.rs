@@ -35,6 +35,9 @@ pub struct NodeInfo {
     pub started: chrono::DateTime<chrono::Utc>,
     /// This node's counters over the last hour ([`history`]), sampled by [`history::keep`].
     pub history: std::sync::Arc<history::History>,
+    /// The hub's CA certificate (public), offered for download; absent while a cluster node
+    /// has not received it, or when the hub serves a certificate of the operator's own.
+    pub ca_file: std::path::PathBuf,
 }
 
 /// `/console/...`: the assets and the console's API. A request outside `/console` is rejected

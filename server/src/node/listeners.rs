@@ -313,6 +313,7 @@ async fn serve_services(
             .then(|| config.cluster.node.clone()),
         started: chrono::Utc::now(),
         history: Arc::default(),
+        ca_file: paths.ca(),
     };
     tokio::spawn(crate::console::history::keep(
         ctx.clone(),
