@@ -68,6 +68,9 @@ export default async function render(root, app) {
       info.node ? ["Node", info.node] : null,
       ["Policy", info.policy],
       ["Rights", (info.permissions || []).join(", ") || "none"],
+      // Public, so a plain link downloads it (GET /console/api/ca.pem takes no token).
+      ["CA certificate", h("a", { href: "/console/api/ca.pem", download: "ferrohub-ca.pem", dataset: { testid: "ca-download" } },
+        "Download ferrohub-ca.pem")],
     ], "hub-facts-list"));
     ui.ready(hubBody);
     kpi.uptime.textContent = ui.formatDuration(info.uptimeSeconds);

@@ -420,6 +420,11 @@ def test_overview_shows_live_rates(sdk_hub, chromium):
         retained = page.eval_on_selector_all(f"{testid('partitions-table')} tbody tr",
                                              "rs => rs.map(r => Number(r.children[1].textContent.replace(/,/g, '')))")
         assert len(retained) == len(sdk_hub.partitions()) and sum(retained) > 0, retained
+        # The CA certificate link downloads the hub's CA, as the browser saves it.
+        with page.expect_download() as download:
+            page.click(testid("ca-download"))
+        assert download.value.suggested_filename == "ferrohub-ca.pem"
+        assert open(download.value.path(), "rb").read() == open(sdk_hub.ca, "rb").read()
         shot(page, "overview")
     finally:
         stop.set()
