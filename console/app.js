@@ -8,7 +8,7 @@ import * as sessionStore from "./lib/session.js";
 import { createApi, ApiError } from "./lib/api.js";
 import * as ui from "./lib/ui.js";
 
-const PAGES = ["signin", "overview", "devices", "stream", "routing", "jobs", "configurations", "certificates", "provisioning", "policies"];
+const PAGES = ["signin", "overview", "activity", "devices", "stream", "routing", "jobs", "configurations", "certificates", "provisioning", "policies"];
 
 const page = document.getElementById("page");
 const nav = document.getElementById("main-nav");
