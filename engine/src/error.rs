@@ -194,6 +194,8 @@ impl From<EtagMismatch> for TwinError {
 pub enum HubError {
     #[error("the hub has not been initialised")]
     NotInitialised,
+    #[error("no shared access policy named {0:?}")]
+    PolicyNotFound(String),
     #[error(transparent)]
     Invalid(#[from] ValidationError),
     #[error(transparent)]

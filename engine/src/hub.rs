@@ -1,7 +1,8 @@
 //! Hub-wide settings: name, host names and the shared access policies.
 //!
 //! # Invariants
-//! - Settings are written once by [`Store::initialise_hub`] and then only replaced whole.
+//! - Settings are written once by [`Store::initialise_hub`] and then only replaced whole
+//!   (policies one change at a time: [`crate::policies`]).
 //! - There are between 1 and [`MAX_POLICIES`] policies with distinct names.
 //! - The host name and every other host name are distinct (ignoring ASCII case), each a DNS
 //!   name or an IP address; there are at most [`MAX_HOST_NAMES`] in all.
@@ -109,7 +110,7 @@ impl HubSettings {
         self.host_names().any(|h| h.eq_ignore_ascii_case(name))
     }
 
-    fn validate(&self) -> Result<(), ValidationError> {
+    pub(crate) fn validate(&self) -> Result<(), ValidationError> {
         let names: Vec<&str> = self.host_names().collect();
         if names.len() > MAX_HOST_NAMES {
             return Err(ValidationError::new(
@@ -203,9 +204,14 @@ impl Store {
         if self.hub_settings()?.is_none() {
             return Err(HubError::NotInitialised);
         }
+        self.write_hub_settings(&settings)
+    }
+
+    /// Checks and writes the settings whole; the caller holds the hub lock.
+    pub(crate) fn write_hub_settings(&self, settings: &HubSettings) -> Result<(), HubError> {
         settings.validate()?;
         let mut batch = Batch::default();
-        batch.put_record(cf::META, keys::meta::HUB_SETTINGS.to_vec(), &settings);
+        batch.put_record(cf::META, keys::meta::HUB_SETTINGS.to_vec(), settings);
         Ok(self.raw.commit(batch)?)
     }
 }

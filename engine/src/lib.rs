@@ -52,6 +52,7 @@ pub mod jobs;
 mod keys;
 pub mod model;
 pub mod notifications;
+pub mod policies;
 pub mod provisioning;
 mod raw;
 pub mod replica;

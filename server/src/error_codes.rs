@@ -125,6 +125,7 @@ pub fn hub(e: &HubError) -> ErrorCode {
     match e {
         HubError::Invalid(_) => ARGUMENT_INVALID,
         HubError::NotInitialised => SERVER_ERROR,
+        HubError::PolicyNotFound(_) => (StatusCode::NOT_FOUND, "KeyNameNotFound", 404000),
         HubError::Storage(e) => storage(e),
     }
 }

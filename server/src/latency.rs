@@ -83,12 +83,12 @@ impl Histogram {
         tally.add_to(self);
     }
 
-    /// Appends the histogram in Prometheus' text exposition format.
     /// Each bucket's count so far, the last one past every bound (not cumulative).
     pub fn counts(&self) -> [u64; BUCKET_COUNT + 1] {
         std::array::from_fn(|i| self.counts[i].load(Ordering::Relaxed))
     }
 
+    /// Appends the histogram in Prometheus' text exposition format.
     pub fn render_into(&self, out: &mut String) {
         let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
         let _ = writeln!(out, "# TYPE {} histogram", self.name);

@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from azure.iot.hub import IoTHubRegistryManager
+
 from hubkit import sas_token
 from mqttraw import connect_device
 
@@ -115,7 +117,9 @@ def test_history_counts_what_devices_did_with_their_puback_latency(hub):
         assert body["intervalSeconds"] == 10 and body["minutes"] == 5 and body["node"] is None
         assert {"name": "deviceMessages", "gauge": False} in body["series"]
         points = body["points"]
-        assert points and all(p["seconds"] >= 0 for p in points)
+        # Every point but the last spans a sample interval (later, never earlier, on a busy
+        # machine); the last runs up to the moment of asking.
+        assert points and all(p["seconds"] >= 5 for p in points[:-1]), [p["seconds"] for p in points]
         assert sum(p["deviceMessages"] for p in points) - sent_before == 25
         last = points[-1]
         assert last["connectedDevices"] >= 1
@@ -136,6 +140,79 @@ def test_the_hubs_ca_downloads_without_a_token(hub):
     assert 'filename="ferrohub-ca.pem"' in r.headers["Content-Disposition"]
     assert r.content == open(hub.ca, "rb").read()
     assert r.content.startswith(b"-----BEGIN CERTIFICATE-----")
+
+
+def test_policies_are_added_changed_rekeyed_and_removed_while_the_hub_serves(hub, monkeypatch):
+    """What the portal's shared access policies blade does, through the console's API: a new
+    policy's keys sign at once (the official service SDK reads the registry with it), changed
+    rights take effect, a regenerated key replaces only that key, a removed policy signs
+    nothing; refusals change nothing."""
+    owner = hub.token("iothubowner")
+
+    def call(method, path, token=owner, **kw):
+        return hub.request(method, path, token, **kw)
+
+    def token(name, key):
+        return sas_token(f"localhost:{hub.port}", key, policy=name)
+
+    hub.create_device("policy-probe")
+    r = call("PUT", "/console/api/policies/ops", json={"rights": ["RegistryRead"]})
+    assert r.status_code == 200, r.text
+    assert {"keyName": "ops", "rights": "RegistryRead"} in r.json()
+    keys = call("GET", "/console/api/policies/ops/keys").json()
+    assert hub.cli("connection-string", "--policy", "ops").endswith(f"SharedAccessKey={keys['primaryKey']}")
+    assert call("GET", "/devices/policy-probe", token("ops", keys["primaryKey"])).status_code == 200
+    assert call("GET", "/devices/policy-probe", token("ops", keys["secondaryKey"])).status_code == 200
+    # RegistryRead only: a write is refused.
+    r = call("PUT", "/devices/by-ops", token("ops", keys["primaryKey"]), json={"deviceId": "by-ops"})
+    assert r.status_code == 401, r.text
+    # The official service SDK signs with the new policy's connection string.
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", hub.ca)
+    cs = f"HostName=localhost:{hub.port};SharedAccessKeyName=ops;SharedAccessKey={keys['primaryKey']}"
+    manager = IoTHubRegistryManager.from_connection_string(cs)
+    manager.protocol.config.connection.verify = hub.ca
+    assert manager.get_device("policy-probe").device_id == "policy-probe"
+
+    # New rights, same keys: now it writes.
+    r = call("PUT", "/console/api/policies/ops", json={"rights": ["RegistryWrite", "ServiceConnect"]})
+    assert {"keyName": "ops", "rights": "RegistryRead, RegistryWrite, ServiceConnect"} in r.json()
+    assert call("GET", "/console/api/policies/ops/keys").json() == keys
+    r = call("PUT", "/devices/by-ops", token("ops", keys["primaryKey"]), json={"deviceId": "by-ops"})
+    assert r.status_code == 200, r.text
+
+    # A new secondary key: the old one signs nothing, the primary still does.
+    r = call("POST", "/console/api/policies/ops/regenerate", json={"key": "secondary"})
+    assert r.status_code == 200, r.text
+    rekeyed = call("GET", "/console/api/policies/ops/keys").json()
+    assert rekeyed["primaryKey"] == keys["primaryKey"] and rekeyed["secondaryKey"] != keys["secondaryKey"]
+    assert call("GET", "/devices/policy-probe", token("ops", keys["secondaryKey"])).status_code == 401
+    assert call("GET", "/devices/policy-probe", token("ops", rekeyed["secondaryKey"])).status_code == 200
+
+    # Refusals: each answers IoT Hub's error and changes nothing.
+    before = call("GET", "/console/api/policies").json()
+    for method, path, body, status in [
+        ("DELETE", "/console/api/policies/iothubowner", None, 400),  # the only one with every right
+        ("DELETE", "/console/api/policies/nope", None, 404),
+        ("POST", "/console/api/policies/nope/regenerate", {"key": "primary"}, 404),
+        ("PUT", "/console/api/policies/bad name", {"rights": ["RegistryRead"]}, 400),
+        ("PUT", "/console/api/policies/empty", {"rights": []}, 400),
+        ("PUT", "/console/api/policies/odd", {"rights": ["Everything"]}, 400),
+        ("POST", "/console/api/policies/ops/regenerate", {"key": "tertiary"}, 400),
+    ]:
+        r = call(method, path, json=body)
+        assert r.status_code == status, (method, path, r.status_code, r.text)
+        assert "errorCode" in r.json() or "Message" in r.json(), r.text
+    for policy in ["registryRead", "registryReadWrite", "service"]:
+        r = call("PUT", "/console/api/policies/sneaky", hub.token(policy), json={"rights": ["DeviceConnect"]})
+        assert r.status_code == 401, (policy, r.text)
+    assert call("GET", "/console/api/policies").json() == before
+
+    r = call("DELETE", "/console/api/policies/ops")
+    assert r.status_code == 200 and all(p["keyName"] != "ops" for p in r.json()), r.text
+    assert call("GET", "/devices/policy-probe", token("ops", rekeyed["primaryKey"])).status_code == 401
+    # The change is stored: what the CLI reads from the hub's database agrees.
+    with pytest.raises(RuntimeError, match="no policy named"):
+        hub.cli("connection-string", "--policy", "ops")
 
 
 def test_route_tester_evaluates_with_the_routers_own_conditions(hub):

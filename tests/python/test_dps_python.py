@@ -67,16 +67,10 @@ def service_token(hub, policy: str = "provisioningserviceowner") -> str:
     return sas_token(HOST, _policy_keys[cached], policy=policy)
 
 
-_sessions: dict[str, requests.Session] = {}
-
-
 def dps(hub, method: str, path: str, token: str | None = "owner", api_version: str | None = SERVICE_API,
         **kw) -> requests.Response:
     """A call to the provisioning service's HTTPS API; `token="owner"` signs it with
-    provisioningserviceowner, None sends it unsigned. Calls share one kept-alive connection per
-    hub, as the service SDKs do: through a cluster's balancer that is one node, where a read
-    sees the write before it (docs/cluster.md, reads are consistent per node; a new connection
-    per call once read an enrollment from a node a moment behind its PUT)."""
+    provisioningserviceowner, None sends it unsigned."""
     headers = dict(kw.pop("headers", {}))
     if token == "owner":
         token = service_token(hub)
@@ -85,8 +79,7 @@ def dps(hub, method: str, path: str, token: str | None = "owner", api_version: s
     url = f"https://localhost:{hub.port}{path}"
     if api_version:
         url += ("&" if "?" in path else "?") + f"api-version={api_version}"
-    session = _sessions.setdefault(str(hub.ca), requests.Session())
-    return session.request(method, url, headers=headers, verify=hub.ca, timeout=30, **kw)
+    return requests.request(method, url, headers=headers, verify=hub.ca, timeout=30, **kw)
 
 
 def ok(r: requests.Response, status: int = 200):

@@ -61,32 +61,25 @@ pub async fn current_holder(link: &Link) -> Result<Option<Holder>, ClusterError>
     }
 }
 
-/// Whether a write to the lease key was refused because the key moved on (another taker's
-/// value got there first), however the client reports it. nats-server 2.11 can refuse with
-/// code 10164 ("wrong last sequence", constant form), which the client passes on as a plain
-/// publish error rather than `AlreadyExists` or `WrongLastRevision`: taken for a NATS failure,
-/// a lost race sent a follower round its whole follow loop again, closing its listeners.
-fn refused_for_sequence(error: &(dyn std::error::Error + 'static)) -> bool {
-    const WRONG_LAST_SEQUENCE: [ErrorCode; 2] = [
-        ErrorCode::STREAM_WRONG_LAST_SEQUENCE,
-        ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT,
-    ];
-    let mut cause = Some(error);
+/// Whether a create of the lease key lost to another taker. Besides `AlreadyExists`,
+/// nats-server 2.11 may refuse it with JetStream code 10164 ("wrong last sequence" while
+/// another conditional write to the same key is still in flight), which the client passes on
+/// as a plain publish error: taken for a NATS failure, a lost race sent a follower round its
+/// whole follow loop, closing its listeners. Only for taking the lease: a holder whose own
+/// renewal may be that other write in flight must not read 10164 as lost (see
+/// [`WriterLease::renew`]).
+fn lost_to_another_taker(create_error: &kv::CreateError) -> bool {
+    if create_error.kind() == kv::CreateErrorKind::AlreadyExists {
+        return true;
+    }
+    let mut cause = std::error::Error::source(create_error);
     while let Some(e) = cause {
         if let Some(js) = e.downcast_ref::<async_nats::jetstream::Error>() {
-            return WRONG_LAST_SEQUENCE.contains(&js.error_code());
+            return js.error_code() == ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT;
         }
         cause = e.source();
     }
     false
-}
-
-fn create_lost(e: &kv::CreateError) -> bool {
-    e.kind() == kv::CreateErrorKind::AlreadyExists || refused_for_sequence(e)
-}
-
-fn update_lost(e: &kv::UpdateError) -> bool {
-    e.kind() == UpdateErrorKind::WrongLastRevision || refused_for_sequence(e)
 }
 
 /// The lease taken, and the log sequence this node's replica caught up to (or seeded).
@@ -140,7 +133,7 @@ impl WriterLease {
                         None
                     }
                 }
-                Ok(_) if create_lost(&create_error) => None,
+                Ok(_) if lost_to_another_taker(&create_error) => None,
                 Ok(_) => {
                     return Err(ClusterError::nats("taking the writer lease", create_error));
                 }
@@ -187,9 +180,11 @@ impl WriterLease {
         .await;
         let renewal = match updated {
             Ok(Ok(revision)) => Ok(revision),
-            Ok(Err(e)) if update_lost(&e) => tokio::time::timeout(patience, self.recheck())
-                .await
-                .unwrap_or_else(|_| Err(Renewal::Unknown)),
+            Ok(Err(e)) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+                tokio::time::timeout(patience, self.recheck())
+                    .await
+                    .unwrap_or_else(|_| Err(Renewal::Unknown))
+            }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "cannot renew the writer lease");
                 Err(Renewal::Unknown)
@@ -234,7 +229,7 @@ impl WriterLease {
                     .await
                 {
                     Ok(revision) => Ok(revision),
-                    Err(e) if update_lost(&e) => Err(Renewal::Lost),
+                    Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Err(Renewal::Lost),
                     Err(e) => Err(unknown("renewing at the newer revision", &e)),
                 }
             }
@@ -243,7 +238,7 @@ impl WriterLease {
                     tracing::info!("the writer lease had expired unrenewed; took it back");
                     Ok(revision)
                 }
-                Err(e) if create_lost(&e) => Err(Renewal::Lost),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Err(Renewal::Lost),
                 Err(e) => Err(unknown("taking it back", &e)),
             },
             Err(e) => Err(unknown("reading it", &e)),
@@ -278,5 +273,36 @@ impl WriterLease {
         if let Err(e) = deleted {
             tracing::warn!(error = %e, "could not release the writer lease; it expires by itself");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+
+    /// A create refused as async-nats 0.51 reports it: the JetStream error inside a publish
+    /// error, inside the update create tried, inside the create's own error.
+    fn refused_with(err_code: u64) -> kv::CreateError {
+        let js: async_nats::jetstream::Error = serde_json::from_value(serde_json::json!({
+            "code": 400, "err_code": err_code, "description": "wrong last sequence"
+        }))
+        .expect("a JetStream error");
+        let publish = PublishError::with_source(PublishErrorKind::Other, js);
+        let update = kv::UpdateError::with_source(kv::UpdateErrorKind::Other, publish);
+        kv::CreateError::with_source(kv::CreateErrorKind::Other, update)
+    }
+
+    #[test]
+    fn a_create_refused_for_another_write_in_flight_lost_to_another_taker() {
+        assert!(lost_to_another_taker(&refused_with(10164)));
+        assert!(lost_to_another_taker(&kv::CreateError::new(
+            kv::CreateErrorKind::AlreadyExists
+        )));
+        // Anything else is a NATS failure, reported as such.
+        assert!(!lost_to_another_taker(&refused_with(10077)));
+        assert!(!lost_to_another_taker(&kv::CreateError::new(
+            kv::CreateErrorKind::Publish
+        )));
     }
 }

@@ -7,6 +7,8 @@
 //! - Keys (the hub's policies', the provisioning service's) go only to a policy holding all
 //!   four hub rights, what `iothubowner` holds.
 
+use ferrohub_engine::hub::Permissions;
+
 use crate::auth::{AuthError, Permission, Principal};
 use crate::rest::error::ApiError;
 
@@ -44,4 +46,17 @@ pub fn require_every_right(p: &Principal) -> Result<(), ApiError> {
         p.require(right)?;
     }
     Ok(())
+}
+
+/// A policy's rights by IoT Hub's names (RegistryWrite implies RegistryRead, as there).
+pub fn right_names(p: &Permissions) -> Vec<&'static str> {
+    [
+        (p.registry_read || p.registry_write, "RegistryRead"),
+        (p.registry_write, "RegistryWrite"),
+        (p.service_connect, "ServiceConnect"),
+        (p.device_connect, "DeviceConnect"),
+    ]
+    .into_iter()
+    .filter_map(|(held, name)| held.then_some(name))
+    .collect()
 }

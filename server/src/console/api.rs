@@ -1,5 +1,6 @@
 //! `/console/api/...`: what the console shows that IoT Hub's REST API has no call for. Every
-//! route authenticates like the REST API (a hub-scoped policy token) and checks its right.
+//! route but `ca.pem` (the public CA certificate) authenticates like the REST API (a
+//! hub-scoped policy token) and checks its right.
 //!
 //! - `GET session` (any policy): the hub and node (name, host, version, start, connected
 //!   devices) and the caller's policy and rights, so the console can disable what the policy
@@ -10,7 +11,9 @@
 //!   logged ([`super::recent_log`]).
 //! - `GET policies` (RegistryRead or ServiceConnect): the shared access policies and their
 //!   rights; `GET policies/{name}/keys` their keys, for a caller holding every right (what
-//!   `iothubowner` holds), never cached.
+//!   `iothubowner` holds), never cached; `PUT policies/{name}`, `POST
+//!   policies/{name}/regenerate`, `DELETE policies/{name}` change them, for such a caller too
+//!   ([`super::policies`]).
 //! - `POST routing/test`: whether a routing condition matches a sample message and twin,
 //!   evaluated by the router's own condition code (IoT Hub's "test route").
 //! - `GET provisioning`, `GET provisioning/policies/{name}/keys`: the provisioning service's
@@ -25,13 +28,12 @@
 use std::collections::BTreeMap;
 
 use ferrohub_engine::d2c::NewEvent;
-use ferrohub_engine::hub::Permissions;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 use warp::filters::BoxedFilter;
 use warp::Filter;
 
-use super::access::{require_every_right, require_policy, require_service_side};
+use super::access::{require_policy, require_service_side, right_names};
 use super::recent_log;
 use super::NodeInfo;
 use crate::auth::{Permission, Principal};
@@ -50,8 +52,11 @@ pub fn routes(ctx: Context, node: NodeInfo) -> BoxedFilter<(Response,)> {
             warp::path!("session").and(warp::get()).and(caller()).and(node.clone()).then(session_handler).boxed(),
             warp::path!("metrics").and(warp::get()).and(caller()).then(metrics_handler).boxed(),
             warp::path!("errors").and(warp::get()).and(caller()).then(errors_handler).boxed(),
-            warp::path!("policies").and(warp::get()).and(caller()).then(policies_handler).boxed(),
-            warp::path!("policies" / PathId / "keys").and(warp::get()).and(caller()).then(keys_handler).boxed(),
+            warp::path!("policies").and(warp::get()).and(caller()).then(super::policies::list_handler).boxed(),
+            warp::path!("policies" / PathId / "keys").and(warp::get()).and(caller()).then(super::policies::keys_handler).boxed(),
+            warp::path!("policies" / PathId).and(warp::put()).and(caller()).and(json_body()).then(super::policies::put_handler).boxed(),
+            warp::path!("policies" / PathId / "regenerate").and(warp::post()).and(caller()).and(json_body()).then(super::policies::regenerate_handler).boxed(),
+            warp::path!("policies" / PathId).and(warp::delete()).and(caller()).then(super::policies::remove_handler).boxed(),
             warp::path!("routing" / "test").and(warp::post()).and(caller()).and(json_body()).then(route_test_handler).boxed(),
             warp::path!("provisioning").and(warp::get()).and(caller()).then(super::provisioning::overview_handler).boxed(),
             warp::path!("provisioning" / "policies" / PathId / "keys").and(warp::get()).and(caller()).then(super::provisioning::keys_handler).boxed(),
@@ -60,18 +65,6 @@ pub fn routes(ctx: Context, node: NodeInfo) -> BoxedFilter<(Response,)> {
             warp::path!("stream").and(warp::get()).and(warp::query::<super::stream::StreamQuery>()).and(caller()).then(super::stream::stream_handler).boxed(),
         ]))
         .boxed()
-}
-
-fn rights(p: &Permissions) -> Vec<&'static str> {
-    [
-        (p.registry_read || p.registry_write, "RegistryRead"),
-        (p.registry_write, "RegistryWrite"),
-        (p.service_connect, "ServiceConnect"),
-        (p.device_connect, "DeviceConnect"),
-    ]
-    .into_iter()
-    .filter_map(|(held, name)| held.then_some(name))
-    .collect()
 }
 
 async fn session_handler(ctx: Context, p: Principal, node: NodeInfo) -> Handled {
@@ -89,17 +82,20 @@ async fn session_handler(ctx: Context, p: Principal, node: NodeInfo) -> Handled 
         "uptimeSeconds": (now - node.started).num_seconds().max(0),
         "connectedDevices": ctx.connections.connected_devices(),
         "policy": policy,
-        "permissions": rights(&p.permissions),
+        "permissions": right_names(&p.permissions),
         "node": node.node,
     })))
 }
 
 async fn ca_handler(node: NodeInfo) -> Handled {
-    let pem = tokio::fs::read(&node.ca_file).await.map_err(|_| {
+    let missing = || {
         ApiError::NotFound(
             "the hub's CA certificate (a hub serving a certificate of its operator's own has none here)".into(),
         )
-    })?;
+    };
+    let file = node.ca_file.as_ref().ok_or_else(missing)?;
+    // A cluster node receives the CA only once it joined.
+    let pem = tokio::fs::read(file).await.map_err(|_| missing())?;
     let mut response = warp::reply::Reply::into_response(pem);
     let headers = response.headers_mut();
     headers.insert(
@@ -127,37 +123,6 @@ async fn metrics_handler(ctx: Context, p: Principal) -> Handled {
 async fn errors_handler(_ctx: Context, p: Principal) -> Handled {
     require_service_side(&p)?;
     Ok(json_reply(&recent_log::newest_first()))
-}
-
-async fn policies_handler(ctx: Context, p: Principal) -> Handled {
-    require_service_side(&p)?;
-    let list: Vec<Value> = ctx
-        .settings
-        .policies
-        .iter()
-        .map(|policy| {
-            json!({ "keyName": policy.name, "rights": rights(&policy.permissions).join(", ") })
-        })
-        .collect();
-    Ok(json_reply(&list))
-}
-
-async fn keys_handler(name: PathId, ctx: Context, p: Principal) -> Handled {
-    require_every_right(&p)?;
-    let policy = ctx
-        .settings
-        .policy(&name.0)
-        .ok_or_else(|| ApiError::NotFound(format!("shared access policy {:?}", name.0)))?;
-    let mut response = json_reply(&json!({
-        "primaryKey": policy.primary_key,
-        "secondaryKey": policy.secondary_key,
-    }));
-    // Keys are never kept by a cache on the way.
-    response.headers_mut().insert(
-        "cache-control",
-        warp::http::HeaderValue::from_static("no-store"),
-    );
-    Ok(response)
 }
 
 /// IoT Hub's test-route input: a condition, a sample message and, optionally, a twin.

@@ -39,6 +39,9 @@ pub const KEPT: usize = 360;
 /// What a sample reads from the metrics scrape: a counter (the answer gives how much it grew
 /// in each interval) or a gauge (its value at the interval's end), summed over every label
 /// set of each family named.
+/// `refused` counts HTTPS requests answered 4xx (the throttled 429s among them, which
+/// `throttled` counts too, with the MQTT and AMQP ones), connections refused, and messages
+/// over the daily quota.
 struct Series {
     name: &'static str,
     families: &'static [&'static str],

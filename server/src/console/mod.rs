@@ -9,7 +9,8 @@
 //!   address an operator types first); every other path falls through to the REST API
 //!   untouched, so the SDKs see exactly the API they saw before.
 //! - The console has no powers of its own: the browser signs SAS tokens with the policy key the
-//!   user pasted, and every API call (the console's own included) is authorised as that policy.
+//!   user pasted, and every API call (the console's own included) is authorised as that policy,
+//!   but for the hub's CA certificate, which is public (`GET /console/api/ca.pem`).
 //! - Assets are built into the binary (`FERROHUB_CONSOLE_DIR` may point at the source folder
 //!   instead, for working on the console without rebuilding), and every page is served with a
 //!   Content-Security-Policy that allows no outside origin.
@@ -18,6 +19,7 @@ mod access;
 mod api;
 mod assets;
 pub mod history;
+mod policies;
 mod provisioning;
 pub mod recent_log;
 mod stream;
@@ -35,9 +37,9 @@ pub struct NodeInfo {
     pub started: chrono::DateTime<chrono::Utc>,
     /// This node's counters over the last hour ([`history`]), sampled by [`history::keep`].
     pub history: std::sync::Arc<history::History>,
-    /// The hub's CA certificate (public), offered for download; absent while a cluster node
-    /// has not received it, or when the hub serves a certificate of the operator's own.
-    pub ca_file: std::path::PathBuf,
+    /// The hub's CA certificate (public), offered for download while the hub serves the
+    /// certificate it issued itself; `None` when it serves one of its operator's own.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// `/console/...`: the assets and the console's API. A request outside `/console` is rejected

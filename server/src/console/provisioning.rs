@@ -14,7 +14,7 @@
 //! - Nothing here writes: enrollments are created, changed and deleted through the DPS service
 //!   API itself, so the console is one more client of the same rules.
 
-use ferrohub_engine::provisioning::{ProvisioningRights, ProvisioningSettings};
+use ferrohub_engine::provisioning::ProvisioningRights;
 use serde_json::json;
 
 use super::access::{require_every_right, require_service_side};
@@ -37,16 +37,10 @@ fn rights(r: &ProvisioningRights) -> Vec<&'static str> {
     .collect()
 }
 
-fn settings(ctx: &Context) -> Result<&ProvisioningSettings, ApiError> {
-    ctx.settings
-        .provisioning
-        .as_ref()
-        .ok_or_else(|| ApiError::NotFound("the hub's provisioning service (not set up yet)".into()))
-}
-
 pub async fn overview_handler(ctx: Context, p: Principal) -> Handled {
     require_service_side(&p)?;
-    let provisioning = settings(&ctx)?;
+    // What the provisioning service itself authorises with, so the two cannot differ.
+    let provisioning = ctx.provisioning.settings();
     let policies: Vec<_> = provisioning
         .policies
         .iter()
@@ -56,20 +50,24 @@ pub async fn overview_handler(ctx: Context, p: Principal) -> Handled {
         .collect();
     Ok(json_reply(&json!({
         "idScope": provisioning.id_scope,
-        "globalEndpoint": ctx.settings.host_name,
+        "globalEndpoint": ctx.provisioning.host_name(),
         "policies": policies,
     })))
 }
 
 pub async fn keys_handler(name: PathId, ctx: Context, p: Principal) -> Handled {
     require_every_right(&p)?;
-    let policy = settings(&ctx)?
+    let policy = ctx
+        .provisioning
+        .settings()
         .policy(&name.0)
         .ok_or_else(|| ApiError::NotFound(format!("provisioning policy {:?}", name.0)))?;
     // The form `ferrohub connection-string --provisioning` prints and the service SDKs read.
     let connection_string = format!(
         "HostName={};SharedAccessKeyName={};SharedAccessKey={}",
-        ctx.settings.host_name, policy.name, policy.primary_key
+        ctx.provisioning.host_name(),
+        policy.name,
+        policy.primary_key
     );
     let mut response = json_reply(&json!({
         "primaryKey": policy.primary_key,

@@ -15,11 +15,11 @@
 
 use std::sync::Arc;
 
-use ferrohub_engine::hub::HubSettings;
 use ferrohub_engine::model::{AuthType, Identity as Record, Status};
 use ferrohub_engine::{HubError, RegistryError, StorageError};
 use rustls::pki_types::CertificateDer;
 
+use super::policies::LivePolicies;
 use super::store_handle::StoreHandle;
 use crate::auth::sas::SasToken;
 use crate::auth::{self, AuthError, Permission, Principal, Scope};
@@ -60,15 +60,16 @@ pub struct DeviceAuth {
 #[derive(Clone)]
 pub struct Authenticator {
     store: StoreHandle,
-    settings: Arc<HubSettings>,
+    /// The policies as they stand now: a token is checked against the current ones.
+    policies: Arc<LivePolicies>,
     clock: Clock,
 }
 
 impl Authenticator {
-    pub fn new(store: StoreHandle, settings: Arc<HubSettings>, clock: Clock) -> Self {
+    pub fn new(store: StoreHandle, policies: Arc<LivePolicies>, clock: Clock) -> Self {
         Authenticator {
             store,
-            settings,
+            policies,
             clock,
         }
     }
@@ -95,13 +96,13 @@ impl Authenticator {
             principal,
             expires_secs: token.expiry,
         };
-        if let Some(p) = auth::authenticate_policy(&token, &self.settings, now)? {
+        if let Some(p) = auth::authenticate_policy(&token, &self.policies.current(), now)? {
             return Ok(claim(p));
         }
         let Scope::Device {
             device_id,
             module_id,
-        } = auth::parse_scope(&token.resource, &*self.settings)?
+        } = auth::parse_scope(&token.resource, &*self.policies.current())?
         else {
             return Err(AuthError::UnknownIdentity("(hub)".into()).into());
         };
@@ -120,8 +121,9 @@ impl Authenticator {
     /// [`AuthError`] when it is not a valid, current token of a policy of this hub.
     pub fn policy_claim(&self, token: &str) -> Result<ServiceClaim, AuthError> {
         let token = SasToken::parse(token)?;
-        let principal = auth::authenticate_policy(&token, &self.settings, self.clock.now_secs())?
-            .ok_or(AuthError::UnknownPolicy(String::new()))?;
+        let principal =
+            auth::authenticate_policy(&token, &self.policies.current(), self.clock.now_secs())?
+                .ok_or(AuthError::UnknownPolicy(String::new()))?;
         Ok(ServiceClaim {
             principal,
             expires_secs: token.expiry,
@@ -135,7 +137,8 @@ impl Authenticator {
     /// [`AuthError::UnknownPolicy`] for an unknown policy or a key that is not one of its two.
     pub fn policy_key_claim(&self, policy: &str, key: &str) -> Result<ServiceClaim, AuthError> {
         let refused = || AuthError::UnknownPolicy(policy.to_string());
-        let p = self.settings.policy(policy).ok_or_else(refused)?;
+        let settings = self.policies.current();
+        let p = settings.policy(policy).ok_or_else(refused)?;
         if !same_secret(key, &p.primary_key) && !same_secret(key, &p.secondary_key) {
             return Err(refused());
         }
@@ -211,7 +214,7 @@ impl Authenticator {
         record: &Record,
     ) -> Result<AuthMethod, AuthFailure> {
         let token = SasToken::parse(token).map_err(AuthError::from)?;
-        let scope = auth::parse_scope(&token.resource, &*self.settings)?;
+        let scope = auth::parse_scope(&token.resource, &*self.policies.current())?;
         let expected = Scope::Device {
             device_id: who.device_id.to_string(),
             module_id: who.module_id.as_ref().map(|m| m.to_string()),
@@ -225,7 +228,7 @@ impl Authenticator {
         }
         let now = self.clock.now_secs();
         if token.key_name.is_some() {
-            let principal = auth::authenticate_policy(&token, &self.settings, now)?
+            let principal = auth::authenticate_policy(&token, &self.policies.current(), now)?
                 .ok_or_else(|| AuthError::UnknownPolicy(String::new()))?;
             principal.require(Permission::DeviceConnect)?;
             return Ok(AuthMethod::Sas { hub_policy: true });

@@ -7,11 +7,13 @@
 //!   answers with the log sequence holding it. The follower answers its client only once its
 //!   own replica applied that sequence ([`Cluster::applied_through`]), so the client's next
 //!   read on this node sees its write.
-//! - A read on a follower sees every write any node acknowledged before the read came
-//!   ([`Cluster::caught_up_for_read`]): the follower asks the log's stream leader for the
-//!   log's end and answers once its replica applied that far. A client that writes through
-//!   one node and reads through another (a balancer spreading new connections) reads its
-//!   write, as with IoT Hub. The writer holds every write it acknowledged already.
+//! - While NATS answers, a service-side read on a follower sees every write any node
+//!   acknowledged before the read came ([`Cluster::caught_up_for_read`]): the follower learns
+//!   the log's end from the stream's leader ([`super::read_index`]) and answers once its
+//!   replica applied that far. A client that writes through one node and reads through
+//!   another (a balancer spreading new connections) reads its write, as with IoT Hub. The
+//!   writer holds every write it acknowledged already. When NATS fails the read is served
+//!   from the replica as it is, after at most the two patiences below.
 //! - The writer records, per connected identity, which node's connection is current
 //!   ([`Owners`]): a connection that ended records "disconnected" only while it still is.
 //! - A connection is named by its node, the node's incarnation (one per spell of serving in a
@@ -28,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::read_index::ReadIndex;
 use crate::cluster::bus::Bus;
 use crate::cluster::Link;
 use crate::ids::ClientId;
@@ -40,6 +43,9 @@ const APPLY_PATIENCE: Duration = Duration::from_secs(10);
 /// leader, or unreachable: the node's standing then stops it serving) the read is served from
 /// the replica as it is.
 const LOG_END_PATIENCE: Duration = Duration::from_secs(2);
+
+/// How long a read on a follower waits for its replica to apply the log's end.
+const READ_APPLY_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Which part this node plays.
 pub enum Role {
@@ -140,7 +146,7 @@ pub struct Cluster {
     /// This spell of serving in this role (see [`ConnectionRef`]).
     incarnation: u64,
     /// A follower's way to the log's end, for reads ([`Cluster::caught_up_for_read`]).
-    log: Option<Link>,
+    log: Option<ReadIndex>,
 }
 
 /// A number no earlier spell of this node used: the time it starts, in microseconds.
@@ -178,7 +184,7 @@ impl Cluster {
             applied,
             stopping,
             incarnation: new_incarnation(),
-            log: Some(log),
+            log: Some(ReadIndex::new(log)),
         }
     }
 
@@ -215,23 +221,38 @@ impl Cluster {
 
     /// Before a read: waits until this node holds every write acknowledged anywhere before
     /// now. On the writer, at once; on a follower, once its replica applied the log's end as
-    /// the stream's leader reports it (one NATS request, at most [`LOG_END_PATIENCE`]; without
-    /// an answer the read goes on from the replica as it is).
+    /// the stream's leader reports it ([`ReadIndex`]: one NATS request shared by the reads
+    /// that wait for it). Without an answer within [`LOG_END_PATIENCE`], or a replica that
+    /// does not reach it within [`READ_APPLY_PATIENCE`], the read goes on from the replica as
+    /// it is (NATS is failing then, and the node's standing decides whether it serves).
     pub async fn caught_up_for_read(&self) {
-        let Some(log) = &self.log else {
+        let Some(index) = &self.log else {
             return;
         };
-        match tokio::time::timeout(LOG_END_PATIENCE, log.log_end()).await {
-            Ok(Ok(end)) if end > self.applied() => self.applied_through(end).await,
-            Ok(Ok(_)) => {}
+        let end = match tokio::time::timeout(LOG_END_PATIENCE, index.log_end()).await {
+            Ok(Ok(end)) => end,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "no log end for a read; reading the replica as it is");
+                return;
             }
             Err(_) => {
                 tracing::debug!(
                     "the log's end took too long for a read; reading the replica as it is"
                 );
+                return;
             }
+        };
+        let mut applied = self.applied.clone();
+        let reached = tokio::select! {
+            r = tokio::time::timeout(READ_APPLY_PATIENCE, applied.wait_for(|a| *a >= end)) => r.is_ok(),
+            _ = self.stopping.cancelled() => return,
+        };
+        if !reached {
+            tracing::debug!(
+                end,
+                applied = self.applied(),
+                "the replica is behind the log's end for a read; reading it as it is"
+            );
         }
     }
 

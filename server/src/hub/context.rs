@@ -61,7 +61,11 @@ impl std::ops::Deref for HubContext {
 /// The parts of a [`HubContext`].
 pub struct HubParts {
     pub store: StoreHandle,
+    /// The settings the hub started with; its policies as they stand now are
+    /// [`HubParts::policies`].
     pub settings: Arc<HubSettings>,
+    /// The shared access policies as they stand now (they change while the hub serves).
+    pub policies: Arc<super::policies::LivePolicies>,
     pub clock: Clock,
     pub auth: Authenticator,
     /// The provisioning service's device side (DPS-1 to DPS-3).

@@ -90,8 +90,6 @@ pub async fn get(ctx: HubContext, who: Identity, rid: String, pkid: Option<u16>)
     if let Some(refused) = refusal(&ctx, Operation::TwinRead, 0, &rid, pkid).await {
         return refused;
     }
-    // A desired patch acknowledged through another node is in the answer.
-    ctx.caught_up_for_read().await;
     let result = ctx
         .store
         .run(move |s| s.get_twin(&who.device_id, who.module_id.as_deref()))

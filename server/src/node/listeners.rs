@@ -313,13 +313,9 @@ async fn serve_services(
             .then(|| config.cluster.node.clone()),
         started: chrono::Utc::now(),
         history: Arc::default(),
-        ca_file: paths.ca(),
+        // The hub's own CA only while it serves the certificate it issued itself.
+        ca_file: config.tls.own().is_none().then(|| paths.ca()),
     };
-    tokio::spawn(crate::console::history::keep(
-        ctx.clone(),
-        console_node.history.clone(),
-        shutdown.clone(),
-    ));
     let readiness = crate::transport::ops::Readiness::default();
     // The ops listener outlives the drain, so readiness can be seen going false.
     let ops_stop = CancellationToken::new();
@@ -405,6 +401,18 @@ async fn serve_services(
     let reloads = tokio::spawn(
         Arc::clone(&bound.certificate).watch(config.tls.check_interval, shutdown.clone()),
     );
+    // Started once nothing above can fail, so no spell of serving leaves one behind; both end
+    // with `shutdown` and are joined before the store closes.
+    let policies = tokio::spawn(crate::hub::policies::follow_stored(
+        ctx.store.clone(),
+        Arc::clone(&ctx.policies),
+        shutdown.clone(),
+    ));
+    let history = tokio::spawn(crate::console::history::keep(
+        ctx.clone(),
+        console_node.history.clone(),
+        shutdown.clone(),
+    ));
     // Tests and scripts read these lines to learn the bound addresses; https comes last.
     println!("listening mqtt={mqtt_addr}");
     println!("listening amqp={amqp_addr}");
@@ -427,6 +435,8 @@ async fn serve_services(
     }
     services.join().await;
     let _ = reloads.await;
+    let _ = policies.await;
+    let _ = history.await;
     if let Some(control) = control {
         let _ = control.await;
     }

@@ -314,8 +314,9 @@ impl Services {
             live
         });
         let readers = hub::PartitionReaders::default();
+        let policies = hub::policies::LivePolicies::new(Arc::clone(&settings));
         let ctx = HubContext::new(HubParts {
-            auth: Authenticator::new(handle.clone(), Arc::clone(&settings), clock.clone()),
+            auth: Authenticator::new(handle.clone(), Arc::clone(&policies), clock.clone()),
             provisioning: hub::provisioning::Provisioning::new(
                 handle.clone(),
                 &settings,
@@ -324,6 +325,7 @@ impl Services {
             ),
             store: handle,
             settings,
+            policies,
             clock,
             connections,
             d2c: Arc::new(D2cNotify::new(next_sequences)),

@@ -136,6 +136,9 @@ pub fn if_match() -> impl Filter<Extract = (Option<IfMatch>,), Error = Rejection
 }
 
 /// What every handler gets first: the context, and the caller authenticated from the request.
+/// On a cluster follower an authenticated read then waits until the node holds every write
+/// acknowledged before it came ([`crate::hub::cluster::Cluster::caught_up_for_read`]), wherever
+/// it was written: only once the caller is known, so an anonymous request costs NATS nothing.
 pub fn caller(
     ctx: Context,
 ) -> impl Filter<Extract = (Context, Principal), Error = Rejection> + Clone {
@@ -143,13 +146,24 @@ pub fn caller(
         let ctx = ctx.clone();
         warp::any().map(move || ctx.clone())
     };
-    with_ctx.and(authenticated(ctx))
+    with_ctx
+        .and(authenticated(ctx))
+        .and(warp::method())
+        .and(warp::path::full())
+        .and_then(
+            |ctx: Context, p: Principal, method: warp::http::Method, path: warp::path::FullPath| async move {
+                if is_read(&method, path.as_str()) {
+                    ctx.caught_up_for_read().await;
+                }
+                Ok::<_, Rejection>((ctx, p))
+            },
+        )
+        .untuple_one()
 }
 
 /// Every route of the REST API, module by module, then the one `recover`.
 pub fn routes(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {
     throttle(ctx.clone())
-        .and(consistent_reads(ctx.clone()))
         .and(table(ctx))
         .recover(error::recover)
         .unify()
@@ -261,32 +275,22 @@ fn throttle(ctx: Context) -> impl Filter<Extract = (), Error = Rejection> + Clon
         .untuple_one()
 }
 
-/// On a cluster follower, a read waits until the node holds every write acknowledged before
-/// it came ([`crate::hub::cluster::Cluster::caught_up_for_read`]), wherever it was written.
-fn consistent_reads(ctx: Context) -> impl Filter<Extract = (), Error = Rejection> + Clone {
-    warp::method()
-        .and(warp::path::full())
-        .and_then(
-            move |method: warp::http::Method, path: warp::path::FullPath| {
-                let ctx = ctx.clone();
-                async move {
-                    if is_read(&method, path.as_str()) {
-                        ctx.caught_up_for_read().await;
-                    }
-                    Ok::<(), Rejection>(())
-                }
-            },
-        )
-        .untuple_one()
-}
-
-/// GETs, and the POSTs that only read: the queries (`/devices/query`, the provisioning
-/// service's `/enrollments/query`, `/enrollmentGroups/query`, `/registrations/{id}/query`).
+/// The requests that read the registry, twins, jobs or enrollments: GETs and HEADs, and the
+/// POSTs that only read (the queries: `/devices/query`, the provisioning service's
+/// `/enrollments/query`, `/enrollmentGroups/query`, `/registrations/{id}/query`). Not the
+/// message paths: the read API's long polls (`/events/...`, `/endpoints/...`) and a device's
+/// C2D and feedback receives (`.../messages/deviceBound`, `.../messages/serviceBound`), which
+/// are writes (a lock) made on the writer anyway.
 fn is_read(method: &warp::http::Method, path: &str) -> bool {
     use warp::http::Method;
-    method == Method::GET
-        || method == Method::HEAD
-        || (method == Method::POST && path.trim_end_matches('/').ends_with("/query"))
+    let message_path = path.starts_with("/events/")
+        || path.starts_with("/endpoints/")
+        || path.contains("/messages/deviceBound")
+        || path.contains("/messages/serviceBound");
+    !message_path
+        && (method == Method::GET
+            || method == Method::HEAD
+            || (method == Method::POST && path.trim_end_matches('/').ends_with("/query")))
 }
 
 fn table(ctx: Context) -> BoxedFilter<(warp::reply::Response,)> {

@@ -117,8 +117,6 @@ async fn answer(
             if let Some((status, body)) = refusal(ctx, Operation::TwinRead, 0).await {
                 return (status, None, body);
             }
-            // A desired patch acknowledged through another node is in the answer.
-            ctx.caught_up_for_read().await;
             let result = ctx
                 .store
                 .run(move |s| s.get_twin(&who.device_id, who.module_id.as_deref()))

@@ -22,6 +22,7 @@
 mod c2d;
 mod events;
 mod jobs;
+mod policies;
 mod provisioning;
 mod registry;
 mod sessions;
@@ -40,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 pub use c2d::*;
 pub use events::*;
 pub use jobs::*;
+pub use policies::*;
 pub use provisioning::*;
 pub use registry::*;
 pub use sessions::*;
@@ -128,6 +130,7 @@ calls! {
     PutConfiguration, DeleteConfiguration,
     PutEnrollment, DeleteEnrollment, BulkEnrollments, DeleteRegistration, AssignRegistration,
     RemoveEndpointTarget,
+    ChangePolicy,
 }
 
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
