@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from azure.iot.device import Message
 
-from consolekit import ConsoleErrors, browser, go, new_page, shot, sign_in, testid
+from consolekit import DESKTOP, PHONE, ConsoleErrors, browser, go, new_page, shot, sign_in, testid
 from deliverykit import device, wait_for
 
 
@@ -72,6 +72,11 @@ def test_live_events_show_every_devices_messages_and_connection_events(sdk_hub, 
         assert held(sdk_hub, "live-a") == [{"from": "a", "n": 0}]
         assert held(sdk_hub, "live-b") == [{"from": "b", "n": 0}]
         shot(page, "stream")
+        # At phone width the page reflows: nothing scrolls sideways.
+        page.set_viewport_size(PHONE)
+        page.wait_for_function("() => document.documentElement.scrollWidth <= window.innerWidth")
+        shot(page, "stream-phone")
+        page.set_viewport_size(DESKTOP)
 
         # The device filter: from now on only live-b's events.
         page.fill(testid("stream-device"), "live-b")
