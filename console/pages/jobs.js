@@ -1,9 +1,11 @@
 // Jobs (#/jobs): scheduled jobs (twin updates and device methods over a query condition) from
 // the jobs query API (GET /jobs/v2/query, paged by x-ms-continuation), their progress
-// (refreshed while any is active), create and cancel; and the import/export jobs (GET /jobs).
+// (refreshed while any is active), create and cancel; and the registry's import and export
+// (lib/import-export.js): jobs to and from a blob container, and devices.txt as a file.
 import { h, replace, loading, toast, dialog, confirm, jsonEditor, field, badge, table, pageHeader, pager, formatTime, facts, errorBox, errorText } from "../lib/ui.js";
 import { seg } from "../lib/api.js";
-import { useAdminCss, guard, btn, input, select, row, code, inlineError, section, emptyLine, jsonOf, progress, header, stampId, allowed } from "../lib/admin-ui.js";
+import { useAdminCss, guard, btn, input, select, row, code, inlineError, section, emptyLine, jsonOf, progress, header, stampId } from "../lib/admin-ui.js";
+import { importExportSection } from "../lib/import-export.js";
 
 const WRITE = ["ServiceConnect", "RegistryWrite"];
 const ACTIVE = ["queued", "scheduled", "running"];
@@ -12,7 +14,7 @@ const REFRESH_MS = 2000;
 
 const TYPES = [["", "All types"], ["scheduleUpdateTwin", "Twin update"], ["scheduleDeviceMethod", "Device method"]];
 const STATUSES = [["", "All statuses"], "queued", "scheduled", "running", "completed", "failed", "cancelled"];
-const TYPE_LABEL = { scheduleUpdateTwin: "Twin update", scheduleDeviceMethod: "Device method", export: "Export", import: "Import" };
+const TYPE_LABEL = { scheduleUpdateTwin: "Twin update", scheduleDeviceMethod: "Device method" };
 
 export function statusBadge(status) {
   const kind = { completed: "ok", running: "info", queued: "muted", scheduled: "muted", failed: "bad", cancelled: "warn" }[status] || "muted";
@@ -38,15 +40,14 @@ export default async function render(root, app) {
   const listBox = h("div", { class: "list-box" });
   const live = h("span", { class: "live-note", dataset: { testid: "jobs-live" } });
   const p = pager({ fetchPage, testid: "jobs-pager" });
-  const imports = h("div", { class: "list-box" });
+  const io = importExportSection(app, { statusBadge });
 
   replace(root,
-    pageHeader("Jobs", "Scheduled twin updates and device methods over a query condition, with their progress.", create),
+    pageHeader("Jobs", "Scheduled twin updates and device methods over a query condition, and the registry's import and export.", create),
     section("Scheduled jobs", [live],
       h("div", { class: "filters" }, field("Type", typeFilter), field("Status", statusFilter)),
       listBox, p.el),
-    section("Import and export jobs", [btn("Refresh", () => loadImports(), { small: true, testid: "imports-refresh" })],
-      h("p", { class: "hint" }, "Registry import and export jobs (POST /jobs/create, from the service SDKs or the CLI)."), imports));
+    io.el);
 
   typeFilter.addEventListener("change", () => reload());
   statusFilter.addEventListener("change", () => reload());
@@ -248,32 +249,6 @@ export default async function render(root, app) {
     }
   }
 
-  async function loadImports() {
-    if (!allowed(app, ["RegistryRead"])) {
-      replace(imports, emptyLine("Needs RegistryRead: the signed-in policy does not have it.", "imports-denied"));
-      return;
-    }
-    loading(imports);
-    try {
-      const list = (await app.api.get("/jobs")).body || [];
-      if (!list.length) {
-        replace(imports, emptyLine("No import or export jobs.", "imports-empty"));
-        return;
-      }
-      replace(imports, table(["Job", "Type", "Status", "Progress", "Created", "Ended", "Failure"], list.map((j) => row([
-        ["Job", code(j.jobId)],
-        ["Type", TYPE_LABEL[j.type] || j.type],
-        ["Status", statusBadge(j.status)],
-        ["Progress", `${j.progress ?? 0}%`],
-        ["Created", formatTime(j.creationTime || j.startTimeUtc)],
-        ["Ended", formatTime(j.endTimeUtc)],
-        ["Failure", j.failureReason || "—"],
-      ])), { testid: "imports-table", caption: "Import and export jobs" }));
-    } catch (err) {
-      replace(imports, inlineError(err, "imports-error"));
-    }
-  }
-
   await p.reload().catch(() => {});
-  loadImports();
+  io.load();
 }
