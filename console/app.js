@@ -6,6 +6,7 @@
 // cleanup (timers, AbortControllers) with app.onLeave(fn), run when the user navigates away.
 import * as sessionStore from "./lib/session.js";
 import { createApi, ApiError } from "./lib/api.js";
+import { clearTokenCache } from "./lib/sas.js";
 import * as ui from "./lib/ui.js";
 
 const PAGES = ["signin", "overview", "activity", "devices", "stream", "routing", "jobs", "configurations", "certificates", "provisioning", "policies"];
@@ -120,6 +121,20 @@ function makeApp(token) {
       state.info = await fetchInfo(state.api);
       this.info = state.info;
       return state.info;
+    },
+    /**
+     * Signs with another key of the signed-in policy from now on (the policies page, after it
+     * regenerated the key in use): the session kept in the tab, the cached token and the API
+     * client all change to it.
+     */
+    useKey(key) {
+      const session = { ...state.session, key };
+      sessionStore.save(session);
+      clearTokenCache();
+      state.session = session;
+      state.api = createApi(session);
+      this.session = state.session;
+      this.api = state.api;
     },
     /** The hub's host name as devices use it (for device connection strings). */
     deviceHostName() {
