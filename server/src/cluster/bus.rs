@@ -4,7 +4,8 @@
 //!
 //! # Subjects
 //! - [`CALLS`]: a follower's engine calls (writes) for the writer; only the writer subscribes.
-//! - [`APPENDS`]: a follower's telemetry appends for the writer, answered in order per lane.
+//! - [`APPENDS`]: a follower's telemetry for the writer, in batches, each answered once all
+//!   its messages are durable.
 //! - `ferrohub.dev.{device}.{target}.{kind}`: live traffic for a device (`target` `-`) or one
 //!   of its modules (`target` its id), ids base64url-encoded (they may hold `.`, `*` and `>`).
 //!   Each node subscribes for the connections it holds ([`Bus::subscribe_identity`]).
@@ -30,8 +31,9 @@ use tokio::sync::oneshot;
 
 /// Engine calls forwarded to the writer.
 pub const CALLS: &str = "ferrohub.writer.calls";
-/// Telemetry appends forwarded to the writer.
-pub const APPENDS: &str = "ferrohub.writer.appends";
+/// Batches of telemetry forwarded to the writer (a subject of its own per wire format, so
+/// nodes of different versions do not misread each other: the batch is the second).
+pub const APPENDS: &str = "ferrohub.writer.append-batches";
 /// Every serving node answers: its name, incarnation and how many devices are connected to it.
 pub const ROLL_CALL: &str = "ferrohub.nodes.roll-call";
 /// Event Hubs readers about to be admitted on a node (`hub::readers_everywhere`).

@@ -24,9 +24,10 @@
 //! - A message is answered either by its own future ([`AppendLane::append`]) or by a run of
 //!   tickets in the lane's [`LaneAcks`] window ([`AppendLane::append_in_order`]); one lane's tickets
 //!   are answered in the order they were issued.
-//! - On a cluster follower a lane stages nothing here: each admitted message is published to
-//!   the writer ([`super::forwarded_appends`]) before the next is admitted, so the writer takes
-//!   one lane's messages in their order, and appends them there, routing included.
+//! - On a cluster follower a lane stages nothing here: each admitted message is queued for the
+//!   writer ([`super::forwarded_appends`]) before the next is admitted, behind every message
+//!   queued before it, so the writer takes one lane's messages in their order, and appends
+//!   them there, routing included.
 
 use crate::latency::{self, Tally};
 use std::collections::VecDeque;
@@ -215,7 +216,7 @@ impl AppendLane {
                     Arc::clone(&self.0.readers),
                 );
                 match &self.0.forward {
-                    // Published before the next message is admitted: the writer keeps the order.
+                    // Queued before the next message is admitted: the writer keeps the order.
                     Some(forward) => {
                         let (events, module_id) = match message {
                             Message::ToWriter { events, module_id } => (events, module_id),
@@ -228,9 +229,7 @@ impl AppendLane {
                             }
                         };
                         let done = completion.clone();
-                        forward
-                            .send(events, module_id, now, move |r| done.finish(r))
-                            .await;
+                        forward.send(events, module_id, move |r| done.finish(r));
                     }
                     None => self.stage_or_queue(message, now, completion),
                 }

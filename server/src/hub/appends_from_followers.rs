@@ -1,6 +1,7 @@
-//! The writer's side of [`super::forwarded_appends`]: it takes what followers forward, in
-//! arrival order, and appends each message on the one writer lane it keeps per follower lane,
-//! answering once every routed copy is durable in the log.
+//! The writer's side of [`super::forwarded_appends`]: it takes the batches followers forward,
+//! in arrival order, and appends each message of a batch, in the batch's order, on the one
+//! writer lane it keeps per follower lane, answering the batch once every routed copy of every
+//! message in it is durable in the log (one result per message).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -10,7 +11,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::append_lane::AppendLane;
-use super::forwarded_appends::{unavailable, AppendReply, AppendRequest};
+use super::forwarded_appends::{unavailable, AppendBatch, AppendRequest, BatchReply};
 use super::HubContext;
 use crate::cluster::bus::{self, Bus};
 use crate::ids::ModuleId;
@@ -40,31 +41,52 @@ pub async fn serve(ctx: HubContext, stop: CancellationToken) {
                 None => return,
             },
         };
-        let request = match rmp_serde::from_slice::<AppendRequest>(&message.payload) {
-            Ok(r) => r,
+        let batch = match rmp_serde::from_slice::<AppendBatch>(&message.payload) {
+            Ok(b) => b,
             Err(e) => {
-                let reply = AppendReply {
-                    result: Err(unavailable(format!("the append does not decode: {e}"))),
-                };
-                respond(&cluster.bus, &message, &reply).await;
+                // Without the batch's size there is nothing to answer per message: the
+                // follower fails the whole batch on a reply of the wrong size.
+                let error = Err(unavailable(format!("the batch does not decode: {e}")));
+                respond(
+                    &cluster.bus,
+                    &message,
+                    &BatchReply {
+                        results: vec![error],
+                    },
+                )
+                .await;
                 continue;
             }
         };
         let now = Instant::now();
-        let lane = lanes
-            .entry((request.node, request.lane))
-            .or_insert_with(|| (ctx.telemetry_lane(), now));
-        lane.1 = now;
-        let done = ctx
-            .append_telemetry(
-                &lane.0,
-                request.events,
-                request.module_id.map(ModuleId::new),
-            )
-            .await;
+        let mut answers = Vec::with_capacity(batch.messages.len());
+        for encoded in batch.messages {
+            let request = match rmp_serde::from_slice::<AppendRequest>(&encoded) {
+                Ok(r) => r,
+                Err(e) => {
+                    let error = Err(unavailable(format!("the append does not decode: {e}")));
+                    answers.push(futures::future::Either::Left(std::future::ready(error)));
+                    continue;
+                }
+            };
+            let lane = lanes
+                .entry((batch.node.clone(), request.lane))
+                .or_insert_with(|| (ctx.telemetry_lane(), now));
+            lane.1 = now;
+            let done = ctx
+                .append_telemetry(
+                    &lane.0,
+                    request.events,
+                    request.module_id.map(ModuleId::new),
+                )
+                .await;
+            answers.push(futures::future::Either::Right(done));
+        }
         let bus = cluster.bus.clone();
         tokio::spawn(async move {
-            let reply = AppendReply { result: done.await };
+            let reply = BatchReply {
+                results: futures::future::join_all(answers).await,
+            };
             respond(&bus, &message, &reply).await;
         });
         if last_prune.elapsed() > LANE_IDLE {
@@ -74,8 +96,8 @@ pub async fn serve(ctx: HubContext, stop: CancellationToken) {
     }
 }
 
-async fn respond(bus: &Bus, to: &async_nats::Message, reply: &AppendReply) {
-    match rmp_serde::to_vec_named(reply) {
+async fn respond(bus: &Bus, to: &async_nats::Message, reply: &BatchReply) {
+    match rmp_serde::to_vec(reply) {
         Ok(bytes) => bus.respond(to, Bytes::from(bytes)).await,
         Err(e) => tracing::error!(error = %e, "cannot encode an append's answer"),
     }

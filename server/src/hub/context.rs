@@ -92,6 +92,8 @@ pub struct HubParts {
     pub cluster: Option<Arc<super::cluster::Cluster>>,
     /// A cluster's live traffic to connections on other nodes (method calls among it).
     pub live: Option<Arc<super::live::LiveReach>>,
+    /// On a cluster follower, the way its clients' telemetry goes to the writer.
+    pub forwarding: Option<Arc<super::forwarded_appends::Forwarding>>,
     /// Starts import/export job runners (see `calls::CreateJob`).
     pub import_export: Arc<super::calls::ImportExportStarter>,
     /// How device traffic moves `lastActivityTime`.
@@ -200,11 +202,10 @@ impl HubContext {
     /// A new ordered lane for one connection's (or request's) device messages; on a cluster
     /// follower, one whose messages the writer appends.
     pub fn telemetry_lane(&self) -> AppendLane {
-        match self.cluster.as_ref().filter(|c| c.is_follower()) {
-            Some(cluster) => self.store.forwarding_lane(
-                Arc::clone(&self.d2c),
-                super::forwarded_appends::Forwarder::new(Arc::clone(cluster)),
-            ),
+        match &self.forwarding {
+            Some(forwarding) => self
+                .store
+                .forwarding_lane(Arc::clone(&self.d2c), forwarding.lane()),
             None => self.store.lane(Arc::clone(&self.d2c)),
         }
     }

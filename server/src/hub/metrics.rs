@@ -8,9 +8,12 @@
 
 use std::sync::OnceLock;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use super::HubContext;
+
+/// Buckets of histograms that count messages, not seconds.
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 /// The process-wide Prometheus recorder, installed on first use (one per process: in-process
 /// tests may start several nodes).
@@ -20,6 +23,12 @@ pub fn recorder() -> PrometheusHandle {
         .get_or_init(|| {
             let builder = PrometheusBuilder::new()
                 .set_buckets(crate::latency::BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("ferrohub_cluster_forwarded_batch_messages".into()),
+                        BATCH_BUCKETS,
+                    )
+                })
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             builder.install_recorder().unwrap_or_else(|_| {
                 // Another recorder is installed (a test harness): render this one unexported.

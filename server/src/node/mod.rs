@@ -341,6 +341,10 @@ impl Services {
             jobs: hub::scheduled_jobs::JobRunners::new(shutdown.clone()),
             configurations: hub::configurations::Reconciler::new(),
             timeouts: config.timeouts,
+            forwarding: cluster
+                .as_ref()
+                .filter(|c| c.is_follower())
+                .map(|c| hub::forwarded_appends::Forwarding::new(Arc::clone(c))),
             cluster,
             live,
             import_export: Arc::default(),
@@ -361,6 +365,9 @@ impl Services {
         }
         if let Some(everywhere) = &ctx.readers_everywhere {
             tasks.push(tokio::spawn(Arc::clone(everywhere).serve(shutdown.clone())));
+        }
+        if let Some(forwarding) = &ctx.forwarding {
+            tasks.push(tokio::spawn(Arc::clone(forwarding).serve(shutdown.clone())));
         }
         if follower {
             tasks.push(tokio::spawn(hub::follower::follow_routing(
