@@ -75,6 +75,17 @@ pub struct ProvisioningPolicy {
     pub rights: ProvisioningRights,
 }
 
+impl ProvisioningPolicy {
+    /// The connection string the provisioning service SDKs read for this policy, with the
+    /// service reached at `host_name`.
+    pub fn connection_string(&self, host_name: &str) -> String {
+        format!(
+            "HostName={host_name};SharedAccessKeyName={};SharedAccessKey={}",
+            self.name, self.primary_key
+        )
+    }
+}
+
 /// The hub's provisioning service: fixed at initialisation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProvisioningSettings {

@@ -94,15 +94,8 @@ async fn ca_handler(node: NodeInfo) -> Handled {
         )
     };
     let file = node.ca_file.as_ref().ok_or_else(missing)?;
-    // A cluster node receives the CA only once it joined.
-    let pem = tokio::fs::read(file).await.map_err(|_| missing())?;
-    let mut response = warp::reply::Reply::into_response(pem);
-    let headers = response.headers_mut();
-    headers.insert(
-        "content-type",
-        warp::http::HeaderValue::from_static("application/x-pem-file"),
-    );
-    headers.insert(
+    let mut response = crate::tls::ca_pem_reply(file).await.ok_or_else(missing)?;
+    response.headers_mut().insert(
         "content-disposition",
         warp::http::HeaderValue::from_static("attachment; filename=\"ferrohub-ca.pem\""),
     );

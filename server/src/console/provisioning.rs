@@ -63,12 +63,7 @@ pub async fn keys_handler(name: PathId, ctx: Context, p: Principal) -> Handled {
         .policy(&name.0)
         .ok_or_else(|| ApiError::NotFound(format!("provisioning policy {:?}", name.0)))?;
     // The form `ferrohub connection-string --provisioning` prints and the service SDKs read.
-    let connection_string = format!(
-        "HostName={};SharedAccessKeyName={};SharedAccessKey={}",
-        ctx.provisioning.host_name(),
-        policy.name,
-        policy.primary_key
-    );
+    let connection_string = policy.connection_string(ctx.provisioning.host_name());
     let mut response = json_reply(&json!({
         "primaryKey": policy.primary_key,
         "secondaryKey": policy.secondary_key,

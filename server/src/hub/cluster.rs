@@ -242,12 +242,7 @@ impl Cluster {
                 return;
             }
         };
-        let mut applied = self.applied.clone();
-        let reached = tokio::select! {
-            r = tokio::time::timeout(READ_APPLY_PATIENCE, applied.wait_for(|a| *a >= end)) => r.is_ok(),
-            _ = self.stopping.cancelled() => return,
-        };
-        if !reached {
+        if self.wait_applied(end, READ_APPLY_PATIENCE).await == Some(false) {
             tracing::debug!(
                 end,
                 applied = self.applied(),
@@ -259,17 +254,23 @@ impl Cluster {
     /// Waits until this node's replica applied `seq` (at most [`APPLY_PATIENCE`], and not once
     /// this node stopped serving: its replica may apply no more until it serves again).
     pub async fn applied_through(&self, seq: u64) {
-        let mut applied = self.applied.clone();
-        let reached = tokio::select! {
-            r = tokio::time::timeout(APPLY_PATIENCE, applied.wait_for(|a| *a >= seq)) => r.is_ok(),
-            _ = self.stopping.cancelled() => return,
-        };
-        if !reached {
+        if self.wait_applied(seq, APPLY_PATIENCE).await == Some(false) {
             tracing::warn!(
                 seq,
                 applied = self.applied(),
                 "the replica is slow to apply a forwarded write; answering without it"
             );
+        }
+    }
+
+    /// Waits up to `patience` for this node's replica to apply `seq`: whether it did, or
+    /// `None` once this node stopped serving (its replica may apply no more until it serves
+    /// again).
+    async fn wait_applied(&self, seq: u64, patience: Duration) -> Option<bool> {
+        let mut applied = self.applied.clone();
+        tokio::select! {
+            r = tokio::time::timeout(patience, applied.wait_for(|a| *a >= seq)) => Some(r.is_ok()),
+            _ = self.stopping.cancelled() => None,
         }
     }
 }

@@ -402,12 +402,16 @@ async fn serve_services(
         Arc::clone(&bound.certificate).watch(config.tls.check_interval, shutdown.clone()),
     );
     // Started once nothing above can fail, so no spell of serving leaves one behind; both end
-    // with `shutdown` and are joined before the store closes.
-    let policies = tokio::spawn(crate::hub::policies::follow_stored(
-        ctx.store.clone(),
-        Arc::clone(&ctx.policies),
-        shutdown.clone(),
-    ));
+    // with `shutdown` and are joined before the store closes. Only a follower follows the
+    // stored policies: elsewhere every change is this node's own `ChangePolicy`, which
+    // replaces them as it answers.
+    let policies = ctx.cluster.as_ref().filter(|c| c.is_follower()).map(|_| {
+        tokio::spawn(crate::hub::policies::follow_stored(
+            ctx.store.clone(),
+            Arc::clone(&ctx.policies),
+            shutdown.clone(),
+        ))
+    });
     let history = tokio::spawn(crate::console::history::keep(
         ctx.clone(),
         console_node.history.clone(),
@@ -435,7 +439,9 @@ async fn serve_services(
     }
     services.join().await;
     let _ = reloads.await;
-    let _ = policies.await;
+    if let Some(policies) = policies {
+        let _ = policies.await;
+    }
     let _ = history.await;
     if let Some(control) = control {
         let _ = control.await;

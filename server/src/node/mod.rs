@@ -67,10 +67,7 @@ pub fn policy_connection_string(hub: &HubSettings, policy: &str) -> Option<Strin
 /// The provisioning service's connection string for one of its policies (DPS-5).
 pub fn provisioning_connection_string(hub: &HubSettings, policy: &str) -> Option<String> {
     let p = hub.provisioning.as_ref()?.policy(policy)?;
-    Some(format!(
-        "HostName={};SharedAccessKeyName={};SharedAccessKey={}",
-        hub.host_name, p.name, p.primary_key
-    ))
+    Some(p.connection_string(&hub.host_name))
 }
 
 /// The built-in endpoint's Event Hubs-compatible connection string for one policy:

@@ -160,3 +160,16 @@ pub fn mqtt_quic_server_config(cert: &Arc<ServerCertificate>) -> Result<ServerCo
     config.max_early_data_size = 0;
     Ok(config)
 }
+
+/// The PEM file at `path` (the hub's public CA certificate) as an HTTP response
+/// (`application/x-pem-file`), read now; `None` while there is none (a cluster node receives
+/// its CA only once it joined). The ops listener and the console serve it.
+pub async fn ca_pem_reply(path: &std::path::Path) -> Option<warp::reply::Response> {
+    let pem = tokio::fs::read(path).await.ok()?;
+    let mut response = warp::reply::Reply::into_response(pem);
+    response.headers_mut().insert(
+        "content-type",
+        warp::http::HeaderValue::from_static("application/x-pem-file"),
+    );
+    Some(response)
+}

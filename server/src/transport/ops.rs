@@ -129,13 +129,9 @@ pub fn serve(
     let ca = warp::path!("ca.pem").and(warp::get()).then(move || {
         let path = ca_file.clone();
         async move {
-            match tokio::fs::read(&path).await {
-                Ok(pem) => Box::new(warp::reply::with_header(
-                    pem,
-                    "content-type",
-                    "application/x-pem-file",
-                )) as Box<dyn warp::Reply>,
-                Err(_) => Box::new(warp::reply::with_status(
+            match crate::tls::ca_pem_reply(&path).await {
+                Some(pem) => Box::new(pem) as Box<dyn warp::Reply>,
+                None => Box::new(warp::reply::with_status(
                     "no CA certificate yet\n",
                     StatusCode::NOT_FOUND,
                 )),
