@@ -7,7 +7,8 @@
 #   single   one hub without a cluster (the yardstick), capped
 #   nodes-N  the cluster of scripts/run-cluster.sh with N of its hubs serving (the writer and
 #            N-1 followers; the others stopped, so HAProxy spreads clients over N), each capped
-# SCENARIOS (default "telemetry reported c2d"), NODES (default "1 2 3"), REPEAT (default 2).
+# SCENARIOS (default "telemetry reported c2d"; also rate10k, telemetry paced to 10,000 msgs/s
+# for PUBACK latency), NODES (default "1 2 3"), REPEAT (default 2).
 # Results: JSON per run in $OUT (default ./bench-results), medians with ratios to `single` on
 # stdout. Bounded: fixed counts and a time limit per run; everything is stopped, and the
 # cgroups removed, on exit. Needs root (cgroups, the cluster's fixed ports). Not part of the
@@ -52,6 +53,7 @@ run() { # name, HTTPS MQTT AMQP ports, CA, owner connection string, scenario, re
     local name="$1" https="$2" mqtt="$3" amqp="$4" ca="$5" owner="$6" scenario="$7" rep="$8" args
     case "$scenario" in
         telemetry) args=(--scenario telemetry --devices 100 --messages-per-device 2000 --inflight 10) ;;
+        rate10k) args=(--scenario telemetry --devices 100 --messages-per-device 300 --inflight 10 --rate 10000) ;;
         reported) args=(--scenario reported --devices 100 --messages-per-device 300) ;;
         c2d) args=(--scenario c2d --devices 100 --messages-per-device 40 --callers 8 --c2d-sender https) ;;
     esac
