@@ -39,7 +39,7 @@ TARGETS="${TARGETS:-single cluster writer follower}"
 SCENARIOS="${SCENARIOS:-telemetry rate10k reported c2d}"
 
 run() { # target scenario repetition
-    local target="$1" scenario="$2" rep="$3" owner mqtt https amqp ca args
+    local target="$1" scenario="$2" rep="$3" owner mqtt https amqp ca
     local via=()
     if [ "$target" = single ]; then
         owner="$SINGLE_OWNER" mqtt=18883 https=18443 amqp=18671 ca="$WORK/hub/tls/ca.pem"
@@ -50,17 +50,12 @@ run() { # target scenario repetition
             follower) via=(--connect-to "$(node_ip "$(a_follower)")") ;;
         esac
     fi
-    case "$scenario" in
-        telemetry) args=(--scenario telemetry --devices 100 --messages-per-device 2000 --inflight 10) ;;
-        rate10k) args=(--scenario telemetry --devices 100 --messages-per-device 300 --inflight 10 --rate 10000) ;;
-        reported) args=(--scenario reported --devices 100 --messages-per-device 300) ;;
-        c2d) args=(--scenario c2d --devices 100 --messages-per-device 40 --callers 8 --c2d-sender https) ;;
-    esac
+    cluster_bench_load "$scenario"
     local cpu="$OUT/cluster-cpu-$target-$scenario-$rep.txt" before
     [ "${CPU:-0}" = 1 ] && before="$(cpu_ticks)"
     cpu_wrap "$cpu.loadgen" "$LOADGEN" --target ferrohub --host localhost --mqtt-port "$mqtt" --https-port "$https" --amqp-port "$amqp" \
-        --ca "$ca" --owner "$owner" "${via[@]}" "${args[@]}" --payload-bytes 256 --prefix "$target-$scenario-$rep-" \
-        --time-limit 300 >"$OUT/cluster-bench-$target-$scenario-$rep.json"
+        --ca "$ca" --owner "$owner" "${via[@]}" "${LOAD_ARGS[@]}" --prefix "$target-$scenario-$rep-" \
+        >"$OUT/cluster-bench-$target-$scenario-$rep.json"
     [ "${CPU:-0}" = 1 ] && cpu_delta "$before" "$(cpu_ticks)" "$cpu.loadgen" >"$cpu"
     return 0
 }

@@ -181,6 +181,20 @@ bench_start_hub() {
     OWNER="$(grep -m1 'SharedAccessKeyName=iothubowner' "$WORK/hub.out")"
 }
 
+# The load of a cluster benchmark scenario ($1: telemetry, rate10k, reported or c2d) as load
+# generator arguments in the array LOAD_ARGS: one definition, so bench-cluster.sh and
+# bench-cluster-scaling.sh measure the same load.
+cluster_bench_load() {
+    case "$1" in
+        telemetry) LOAD_ARGS=(--scenario telemetry --devices 100 --messages-per-device 2000 --inflight 10) ;;
+        rate10k) LOAD_ARGS=(--scenario telemetry --devices 100 --messages-per-device 300 --inflight 10 --rate 10000) ;;
+        reported) LOAD_ARGS=(--scenario reported --devices 100 --messages-per-device 300) ;;
+        c2d) LOAD_ARGS=(--scenario c2d --devices 100 --messages-per-device 40 --callers 8 --c2d-sender https) ;;
+        *) echo "unknown scenario: $1" >&2; return 2 ;;
+    esac
+    LOAD_ARGS+=(--payload-bytes 256 --time-limit 300)
+}
+
 # For the benchmark scripts: results directory $OUT, a scratch $WORK removed (with every
 # background job killed) on exit, and the load generator's path in $LOADGEN.
 bench_setup() {

@@ -31,7 +31,8 @@ pub async fn serve(ctx: HubContext, stop: CancellationToken) {
             return;
         }
     };
-    let mut lanes: HashMap<(String, u64), (AppendLane, Instant)> = HashMap::new();
+    // Follower node, then its lane: a node's name is copied once, when its first lane comes.
+    let mut lanes: HashMap<String, HashMap<u64, (AppendLane, Instant)>> = HashMap::new();
     let mut last_prune = Instant::now();
     loop {
         let message = tokio::select! {
@@ -59,9 +60,13 @@ pub async fn serve(ctx: HubContext, stop: CancellationToken) {
             }
         };
         let now = Instant::now();
+        if !lanes.contains_key(batch.node) {
+            lanes.insert(batch.node.to_owned(), HashMap::new());
+        }
+        let node_lanes = lanes.get_mut(batch.node).expect("inserted above");
         let mut answers = Vec::with_capacity(batch.messages.len());
         for encoded in batch.messages {
-            let request = match rmp_serde::from_slice::<AppendRequest>(&encoded) {
+            let request = match rmp_serde::from_slice::<AppendRequest>(encoded) {
                 Ok(r) => r,
                 Err(e) => {
                     let error = Err(unavailable(format!("the append does not decode: {e}")));
@@ -69,8 +74,8 @@ pub async fn serve(ctx: HubContext, stop: CancellationToken) {
                     continue;
                 }
             };
-            let lane = lanes
-                .entry((batch.node.clone(), request.lane))
+            let lane = node_lanes
+                .entry(request.lane)
                 .or_insert_with(|| (ctx.telemetry_lane(), now));
             lane.1 = now;
             let done = ctx
@@ -90,7 +95,10 @@ pub async fn serve(ctx: HubContext, stop: CancellationToken) {
             respond(&bus, &message, &reply).await;
         });
         if last_prune.elapsed() > LANE_IDLE {
-            lanes.retain(|_, (_, used)| used.elapsed() < LANE_IDLE);
+            lanes.retain(|_, node_lanes| {
+                node_lanes.retain(|_, (_, used)| used.elapsed() < LANE_IDLE);
+                !node_lanes.is_empty()
+            });
             last_prune = Instant::now();
         }
     }

@@ -73,11 +73,13 @@ pub(super) struct AppendRequest {
 /// batch's size is known before it is sent, and one bad message fails alone). Batches, their
 /// messages and the answers are MessagePack arrays, not maps: field names would be a fifth of
 /// a small message's bytes. The subject ([`bus::APPENDS`]) names this format, so a node of
-/// another build finds no writer rather than misreading it.
+/// another build finds no writer rather than misreading it. Both ends borrow: the follower
+/// from its queued messages, the writer from the request's payload.
 #[derive(Serialize, Deserialize)]
-pub(super) struct AppendBatch {
-    pub(super) node: String,
-    pub(super) messages: Vec<serde_bytes::ByteBuf>,
+pub(super) struct AppendBatch<'a> {
+    pub(super) node: &'a str,
+    #[serde(borrow)]
+    pub(super) messages: Vec<&'a serde_bytes::Bytes>,
 }
 
 /// The writer's answer: one result per message of the batch, in its order.
@@ -168,13 +170,11 @@ impl Forwarding {
     /// its own, holding `permit` until then).
     async fn send(&self, batch: Vec<Queued>, gate: &Arc<Mutex<()>>, permit: OwnedSemaphorePermit) {
         metrics::histogram!("ferrohub_cluster_forwarded_batch_messages").record(batch.len() as f64);
-        let (messages, dones): (Vec<_>, Vec<_>) = batch
-            .into_iter()
-            .map(|q| (serde_bytes::ByteBuf::from(q.encoded), q.done))
-            .unzip();
+        let (encoded, dones): (Vec<_>, Vec<_>) =
+            batch.into_iter().map(|q| (q.encoded, q.done)).unzip();
         let request = AppendBatch {
-            node: self.cluster.node().to_owned(),
-            messages,
+            node: self.cluster.node(),
+            messages: encoded.iter().map(|e| serde_bytes::Bytes::new(e)).collect(),
         };
         let payload = match rmp_serde::to_vec(&request) {
             Ok(p) => Bytes::from(p),
