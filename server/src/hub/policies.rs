@@ -8,8 +8,9 @@
 //!   the settings the change wrote, on a follower once its replica applied them), so the
 //!   caller's next request there is checked against the new policies. Every follower of a
 //!   cluster reads its replica every [`REFRESH_EVERY`] ([`follow_stored`]) and holds the
-//!   change within that; the writer (and a single node) runs every change itself. Only policies change at run time; the host names and the
-//!   provisioning service's settings stay as the hub started with them.
+//!   change within that; the writer (and a single node) runs every change itself. Only
+//!   policies change at run time; the host names and the provisioning service's settings stay
+//!   as the hub started with them.
 //! - A connection authenticated before a change keeps its session until its token expires or
 //!   is renewed, as with IoT Hub (whose policy changes take a while to reach every gateway).
 
